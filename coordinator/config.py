@@ -1,0 +1,93 @@
+"""Coordinator settings: defaults < YAML file < FL_COORDINATOR_* environment < CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protocol.mqtt import BrokerAddress
+from protocol.topics import check_identifier
+
+AggregatorName = Literal["mean"]
+
+
+class CoordinatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FL_COORDINATOR_", extra="forbid", validate_default=True)
+
+    # where
+    federation: str = "default"
+    broker_url: str = "mqtt://localhost:1883"
+    broker_username: str | None = None
+    broker_password: SecretStr | None = None
+    client_id: str | None = Field(default=None, description="MQTT client id; default coordinator-{federation}")
+    state_dir: Path = Path("coordinator-state")
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(default=9100, ge=0, le=65535)
+
+    # what
+    algorithm: Literal["fedavg"] = "fedavg"
+    aggregator: AggregatorName = "mean"
+    rounds: int = Field(default=20, ge=1, le=1_000_000)
+    local_epochs: int = Field(default=2, ge=1, le=1000)
+    learning_rate: float = Field(default=0.05, gt=0.0, le=10.0)
+    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    batch_size: int | None = Field(default=None, ge=1)
+    server_learning_rate: float = Field(default=1.0, gt=0.0, le=10.0)
+    init_seed: int = Field(default=0, ge=0, lt=2**31)
+    evaluate_final: bool = True
+
+    # who, and how long to wait for them
+    seed: int = 0
+    fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0)
+    min_fit_agents: int = Field(default=2, ge=1)
+    min_available_agents: int = Field(default=2, ge=1)
+    quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
+    min_updates: int = Field(default=1, ge=1)
+    round_deadline_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
+    agent_timeout_s: float = Field(default=90.0, gt=0.0)
+    """An agent not heard from for this long is offline, even without its last will."""
+
+    # limits
+    max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    max_message_bytes: int = Field(default=0, ge=0)
+    """Split published global states above this size into chunks; 0 never splits."""
+    exit_when_finished: bool = False
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @field_validator("federation")
+    @classmethod
+    def _federation(cls, value: str) -> str:
+        return check_identifier(value, "federation")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str) -> str:
+        BrokerAddress.parse(value)
+        return value
+
+    @field_validator("client_id")
+    @classmethod
+    def _client_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "client_id")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CoordinatorSettings:
+        if self.min_fit_agents > self.min_available_agents:
+            raise ValueError("min_fit_agents cannot exceed min_available_agents")
+        if 0 < self.max_message_bytes < 4096:
+            raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
+        return self
+
+    @property
+    def mqtt_client_id(self) -> str:
+        return self.client_id or f"coordinator-{self.federation}"
+
+    def broker_address(self) -> BrokerAddress:
+        address = BrokerAddress.parse(self.broker_url)
+        username = self.broker_username or address.username
+        password = self.broker_password.get_secret_value() if self.broker_password else address.password
+        return BrokerAddress(address.host, address.port, address.tls, username, password)

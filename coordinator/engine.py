@@ -1,0 +1,326 @@
+"""The round engine: announce, collect, aggregate, checkpoint, publish; one round at a time.
+
+Single-threaded by design: the service feeds it messages and clock ticks from one loop, so
+it needs no locks. Nothing here knows about sockets; publishing goes through an ``Outbox``.
+
+A round closes when every selected agent answered, or at its deadline: it aggregates if
+the quorum answered and is counted as ``quorum_missed`` otherwise. Either way the next
+round starts; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from coordinator.aggregation import AggregationError
+from coordinator.checkpoint import CheckpointStore
+from coordinator.config import CoordinatorSettings
+from coordinator.evaluation import federated_metrics, metrics_by_family
+from coordinator.inbound import InboundFilter
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import AgentRegistry
+from coordinator.rounds import FamilySummary, OpenRound, RoundSummary
+from coordinator.selection import select_agents
+from coordinator.strategies.base import Strategy
+from protocol.chunking import split_payload
+from protocol.messages import CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
+from protocol.topics import Topics
+from protocol.version import SOFTWARE_VERSION
+from protocol.wire import decode_message, encode_message
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint"
+OPEN_ROUND = "open_round"
+
+
+class Outbox(Protocol):
+    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None: ...
+
+
+class RoundEngine:
+    def __init__(
+        self,
+        settings: CoordinatorSettings,
+        strategy: Strategy,
+        outbox: Outbox,
+        store: CheckpointStore,
+        metrics: CoordinatorMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        on_round_closed: Callable[[RoundSummary], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.strategy = strategy
+        self.outbox = outbox
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.on_round_closed = on_round_closed
+        self.topics = Topics(settings.federation)
+        self.registry = AgentRegistry(settings.agent_timeout_s)
+        self.inbound = InboundFilter(self, metrics)
+        self.session = secrets.token_hex(6)
+        self.run_id = ""
+        self.next_round = 1
+        self.history: list[RoundSummary] = []
+        self.finished = False
+        self.open: OpenRound | None = None
+        self.connected = False
+        self._published_states: dict[str, tuple[int, str]] = {}
+        self._last_wait_log = -1e9
+        self._epsilon: dict[str, float] = {}
+
+    # -- start-up --------------------------------------------------------------------
+    def restore(self) -> None:
+        """Resume from the checkpoint if there is one; otherwise start a new run."""
+        saved = self.store.load(CHECKPOINT)
+        if saved is None:
+            self.run_id = secrets.token_hex(6)
+            self._save_checkpoint()
+            log.info("new run %s: %s, %d rounds", self.run_id, self.strategy.algorithm, self.settings.rounds)
+            return
+        if saved["algorithm"] != self.strategy.algorithm:
+            raise ValueError(
+                f"checkpoint in {self.store.directory} is a {saved['algorithm']} run, "
+                f"not {self.strategy.algorithm}; use another state_dir to start a new run"
+            )
+        self.run_id = saved["run_id"]
+        self.next_round = int(saved["next_round"])
+        self.finished = bool(saved["finished"])
+        self.history = [RoundSummary.from_dict(s) for s in saved["history"]]
+        self.strategy.load_state_dict(saved["strategy"])
+        log.info("resumed run %s at round %d from %s", self.run_id, self.next_round, self.store.directory)
+        self._resume_open_round()
+
+    def _resume_open_round(self) -> None:
+        saved = self.store.load(OPEN_ROUND)
+        if saved is None or saved["run_id"] != self.run_id or saved["round"] != self.next_round:
+            return
+        announcement = decode_message(saved["announcement"], RoundAnnouncement)
+        remaining = announcement.issued_at + announcement.deadline_s - self.wall_clock()
+        now = self.clock()
+        if remaining > 0:
+            self.open = OpenRound(announcement, saved["announcement"], now + remaining, now)
+            self.strategy.begin_round(announcement.round)
+            log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
+            return
+        interrupted = OpenRound(announcement, saved["announcement"], now, now - announcement.deadline_s)
+        self.open = interrupted
+        self._finish_round(interrupted, "interrupted", "coordinator restarted after the deadline", now)
+
+    # -- inputs ----------------------------------------------------------------------
+    def on_message(self, topic: str, payload: bytes) -> None:
+        self.inbound.handle(topic, payload)
+
+    def accept_update(self, update: Update, size: int) -> None:
+        """Called by the inbound filter for an update that passed every check."""
+        assert self.open is not None
+        self.open.updates[update.agent_id] = update
+        self.open.bytes_in += size
+        self.metrics.updates.labels("accepted").inc()
+        if update.privacy is not None:
+            record = self.registry.get(update.agent_id)
+            device = self.metrics.device_label(record.status.device if record else "other")
+            self._epsilon[device] = max(update.privacy.epsilon, self._epsilon.get(device, 0.0))
+            self.metrics.epsilon.labels(device).set(self._epsilon[device])
+            self.metrics.epsilon_max.set(max(self._epsilon.values()))
+
+    def on_connection(self, connected: bool) -> None:
+        """After every (re)connect, republish what must be retained: the broker may have lost it."""
+        self.connected = connected
+        self.metrics.broker_connected.set(1 if connected else 0)
+        if not connected:
+            return
+        self._publish_status("finished" if self.finished else "online")
+        self._published_states.clear()
+        self._publish_states()
+        if self.open is not None:
+            self._publish(self.topics.rounds_current, self.open.payload, "round", retain=True)
+
+    def tick(self) -> float:
+        """Advance on the clock; returns how long the caller may wait before the next tick."""
+        now = self.clock()
+        self._refresh_online_gauges(now)
+        if self.finished:
+            return 1.0
+        if self.open is None:
+            self._maybe_open_round(now)
+            return 0.2
+        if self.open.everyone_answered() or now >= self.open.deadline:
+            self._close_round(now)
+            return 0.0
+        return max(0.0, min(self.open.deadline - now, 0.5))
+
+    # -- opening -----------------------------------------------------------------------
+    def _maybe_open_round(self, now: float) -> None:
+        s = self.settings
+        available = [r.agent_id for r in self.registry.available(now)]
+        if not self.connected or len(available) < s.min_available_agents:
+            if now - self._last_wait_log > 10.0:
+                log.info("waiting for agents: %d online, %d needed", len(available), s.min_available_agents)
+                self._last_wait_log = now
+            return
+        number = self.next_round
+        task = "train" if number <= s.rounds else "evaluate"
+        if task == "train":
+            selected = select_agents(available, number, seed=s.seed, fraction=s.fraction_fit,
+                                     minimum=s.min_fit_agents)
+        else:
+            selected = available
+        self.strategy.begin_round(number)
+        announcement = RoundAnnouncement(
+            run_id=self.run_id, round=number, task=task, algorithm=self.strategy.algorithm,
+            training=LocalTraining(epochs=s.local_epochs, learning_rate=s.learning_rate, momentum=s.momentum,
+                                   weight_decay=s.weight_decay, batch_size=s.batch_size),
+            params=self.strategy.round_params(number), selected=selected,
+            states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in self.strategy.states.items()},
+            init_seed=s.init_seed, issued_at=self.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
+        )
+        payload = encode_message(announcement)
+        self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": payload})
+        self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now)
+        self.open.bytes_out += self._publish_states()
+        self.open.bytes_out += self._publish(self.topics.rounds_current, payload, "round", retain=True)
+        self._publish_status("online")
+        self.metrics.current_round.set(number)
+        self.metrics.round_deadline.set(s.round_deadline_s)
+        self.metrics.agents_selected.inc(len(selected))
+        log.info("round %d (%s): selected %d of %d agents, deadline %.0fs",
+                 number, task, len(selected), len(available), s.round_deadline_s)
+
+    # -- closing -----------------------------------------------------------------------
+    def _close_round(self, now: float) -> None:
+        open_round = self.open
+        assert open_round is not None
+        quorum = open_round.quorum(self.settings.quorum_fraction, self.settings.min_updates)
+        if len(open_round.updates) < quorum:
+            self._finish_round(open_round, "quorum_missed",
+                               f"{len(open_round.updates)} of {quorum} needed answered", now)
+            return
+        if open_round.announcement.task == "train":
+            started = time.perf_counter()
+            try:
+                self.strategy.aggregate(open_round.number, list(open_round.updates.values()))
+            except AggregationError as exc:
+                log.error("round %d failed to aggregate: %s", open_round.number, exc)
+                self._finish_round(open_round, "failed", exc.reason, now)
+                return
+            self.metrics.aggregation_duration.observe(time.perf_counter() - started)
+        self._finish_round(open_round, "completed", None, now)
+
+    def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float) -> None:
+        missing = set(open_round.selected) - open_round.updates.keys()
+        dropouts = {a for a in missing if not self.registry.is_online(a, now)}
+        stragglers = missing - dropouts
+        overall = federated_metrics(open_round.updates.values())
+        summary = RoundSummary(
+            round=open_round.number, task=open_round.announcement.task, outcome=outcome, reason=reason,
+            selected=len(open_round.selected), answered=len(open_round.updates), stragglers=len(stragglers),
+            dropouts=len(dropouts), rejected=open_round.rejected,
+            quorum=open_round.quorum(self.settings.quorum_fraction, self.settings.min_updates),
+            duration_s=round(now - open_round.opened, 3), deadline_s=open_round.announcement.deadline_s,
+            bytes_in=open_round.bytes_in, bytes_out=open_round.bytes_out,
+            accuracy=overall.accuracy, loss=overall.loss, train_loss=overall.train_loss,
+            closed_at=self.wall_clock(),
+            families={f: FamilySummary(len([u for u in open_round.updates.values() if u.family == f]),
+                                       m.accuracy, m.loss)
+                      for f, m in metrics_by_family(open_round.updates.values()).items()},
+        )
+        self.history.append(summary)
+        self.next_round = open_round.number + 1
+        self.finished = open_round.announcement.task == "evaluate" or (
+            self.next_round > self.settings.rounds and not self.settings.evaluate_final)
+        self._save_checkpoint()
+        self.open = None
+        self._publish_states()
+        self._record(summary, stragglers, dropouts)
+        if self.finished:
+            self._publish_status("finished")
+            log.info("run %s finished after round %d", self.run_id, summary.round)
+
+    def _record(self, summary: RoundSummary, stragglers: set[str], dropouts: set[str]) -> None:
+        m = self.metrics
+        m.rounds.labels(summary.outcome).inc()
+        m.round_duration.observe(summary.duration_s)
+        for state, count in (("selected", summary.selected), ("answered", summary.answered),
+                             ("straggling", summary.stragglers), ("dropped", summary.dropouts)):
+            m.round_agents.labels(state).set(count)
+        m.agents_answered.inc(summary.answered)
+        m.stragglers.inc(summary.stragglers)
+        m.dropouts.inc(summary.dropouts)
+        m.round_bytes.labels("in").set(summary.bytes_in)
+        m.round_bytes.labels("out").set(summary.bytes_out)
+        if summary.accuracy is not None and summary.loss is not None:
+            m.accuracy.labels("all").set(summary.accuracy)
+            m.loss.labels("all").set(summary.loss)
+        for family, fs in summary.families.items():
+            if fs.accuracy is not None and fs.loss is not None:
+                m.accuracy.labels(m.family_label(family)).set(fs.accuracy)
+                m.loss.labels(m.family_label(family)).set(fs.loss)
+        acc = "-" if summary.accuracy is None else f"{summary.accuracy:.4f}"
+        log.info("round %d %s: %d/%d answered (%d straggling, %d dropped), accuracy %s, %.1fs%s",
+                 summary.round, summary.outcome, summary.answered, summary.selected, len(stragglers),
+                 len(dropouts), acc, summary.duration_s, f" ({summary.reason})" if summary.reason else "")
+        if stragglers or dropouts:
+            log.info("round %d missing: straggling %s, dropped %s", summary.round, sorted(stragglers), sorted(dropouts))
+        if self.on_round_closed is not None:
+            self.on_round_closed(summary)
+
+    # -- output ------------------------------------------------------------------------
+    def _save_checkpoint(self) -> None:
+        size = self.store.save(CHECKPOINT, {
+            "run_id": self.run_id, "algorithm": self.strategy.algorithm, "next_round": self.next_round,
+            "finished": self.finished, "strategy": self.strategy.state_dict(),
+            "history": [s.to_dict() for s in self.history],
+        })
+        self.metrics.checkpointed(size)
+
+    def _publish_states(self) -> int:
+        """Publish (retained) every family state not yet on the broker; clear superseded ones."""
+        sent = 0
+        for family, state in self.strategy.states.items():
+            if self._published_states.get(family) == (state.round, state.digest):
+                continue
+            payload = encode_message(state.message(self.run_id, family))
+            for piece in split_payload(payload, self.settings.max_message_bytes or len(payload)):
+                sent += self._publish(self.topics.global_state(family, state.round), piece, "global_state", retain=True)
+            previous = self._published_states.get(family)
+            if previous is not None and previous[0] != state.round:
+                self._publish(self.topics.global_state(family, previous[0]), b"", "global_state", retain=True)
+            self._published_states[family] = (state.round, state.digest)
+        return sent
+
+    def _publish_status(self, state: str) -> None:
+        status = CoordinatorStatus(
+            federation=self.settings.federation, run_id=self.run_id or "none", session=self.session, state=state,
+            round=self.open.number if self.open else max(self.next_round - 1, 0),
+            algorithm=self.strategy.algorithm, version=SOFTWARE_VERSION, timestamp=self.wall_clock(),
+        )
+        self._publish(self.topics.coordinator_status, encode_message(status), "coordinator_status", retain=True)
+
+    def _publish(self, topic: str, payload: bytes, kind: str, *, retain: bool) -> int:
+        self.outbox.publish(topic, payload, retain=retain)
+        self.metrics.bytes_sent.labels(kind).inc(len(payload))
+        self.metrics.messages_sent.labels(kind).inc()
+        return len(payload)
+
+    def offline_status(self) -> bytes:
+        """The last will: published by the broker if this process dies."""
+        return encode_message(CoordinatorStatus(
+            federation=self.settings.federation, run_id=self.run_id or "none", session=self.session,
+            state="offline", round=max(self.next_round - 1, 0), algorithm=self.strategy.algorithm,
+            version=SOFTWARE_VERSION, timestamp=self.wall_clock()))
+
+    def _refresh_online_gauges(self, now: float) -> None:
+        counts = self.registry.online_by_device(now)
+        for device in {"jetson", "rpi", "phone", "cpu", "other"}:
+            self.metrics.agents_online.labels(device).set(0)
+        for device, count in counts.items():
+            self.metrics.agents_online.labels(self.metrics.device_label(device)).inc(count)

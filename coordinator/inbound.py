@@ -1,0 +1,132 @@
+"""Everything the coordinator receives passes here: decoded, validated, counted, or dropped.
+
+A message that fails any check is dropped and counted by reason; the first drop for each
+(sender, reason) is logged, later ones only counted, so a broken device cannot flood the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.rejects import RejectedUpdate, RejectReason
+from protocol.chunking import Reassembler
+from protocol.errors import ProtocolError, Reason
+from protocol.limits import DecodeLimits
+from protocol.messages import AgentStatus, Chunk, Update
+from protocol.topics import ParsedTopic
+from protocol.wire import decode_message
+
+if TYPE_CHECKING:
+    from coordinator.engine import RoundEngine
+
+log = logging.getLogger(__name__)
+
+_MAX_LOGGED = 10_000
+
+_STATUS_LIMITS = DecodeLimits(max_payload_bytes=64 * 1024, max_array_elements=1, max_total_elements=1,
+                              max_container_len=256)
+
+
+class InboundFilter:
+    def __init__(self, engine: RoundEngine, metrics: CoordinatorMetrics) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.update_limits = DecodeLimits(max_payload_bytes=engine.settings.max_update_bytes)
+        self.reassembler = Reassembler(max_bytes=4 * engine.settings.max_update_bytes)
+        self._logged: set[tuple[str, str]] = set()
+
+    def handle(self, topic: str, payload: bytes) -> None:
+        try:
+            parsed = self.engine.topics.parse(topic)
+        except ProtocolError as exc:
+            self._reject("unknown", exc.reason.value, topic.split("/")[-1], exc.detail)
+            return
+        self.metrics.bytes_received.labels(parsed.kind).inc(len(payload))
+        self.metrics.messages_received.labels(parsed.kind).inc()
+        if parsed.kind == "agent_status":
+            self._agent_status(parsed, payload)
+        elif parsed.kind == "update":
+            self._update(parsed, payload)
+
+    # -- agent status --------------------------------------------------------------------
+    def _agent_status(self, parsed: ParsedTopic, payload: bytes) -> None:
+        assert parsed.agent_id is not None
+        if not payload:  # a cleared retained status: the agent was removed
+            self.engine.registry.forget(parsed.agent_id)
+            return
+        try:
+            status = decode_message(payload, AgentStatus, _STATUS_LIMITS)
+        except ProtocolError as exc:
+            self._reject("agent_status", exc.reason.value, parsed.agent_id, exc.detail)
+            return
+        if status.agent_id != parsed.agent_id:
+            self._reject("agent_status", RejectReason.TOPIC_MISMATCH.value, parsed.agent_id,
+                         f"status names {status.agent_id}")
+            return
+        previous = self.engine.registry.get(status.agent_id)
+        self.engine.registry.observe(status, self.engine.clock())
+        if previous is None or previous.status.state != status.state:
+            log.info("agent %s (%s, %s, %d samples) is %s", status.agent_id, status.device, status.family,
+                     status.num_samples, status.state)
+
+    # -- updates -------------------------------------------------------------------------
+    def _update(self, parsed: ParsedTopic, payload: bytes) -> None:
+        assert parsed.agent_id is not None and parsed.round is not None
+        open_round = self.engine.open
+        try:
+            message = decode_message(payload, None, self.update_limits)
+            if isinstance(message, Chunk):
+                whole = self.reassembler.add(parsed.agent_id, message)
+                if whole is None:
+                    return
+                message = decode_message(whole, Update, self.update_limits)
+                size = len(whole)
+            else:
+                size = len(payload)
+            if not isinstance(message, Update):
+                raise ProtocolError(Reason.WRONG_KIND, f"{message.kind} on an update topic")
+            self._check(parsed, message)
+        except (ProtocolError, RejectedUpdate) as exc:
+            if open_round is not None:
+                open_round.rejected += 1
+            self.metrics.updates.labels("rejected").inc()
+            self._reject("update", exc.reason.value, parsed.agent_id, exc.detail)
+            return
+        self.engine.accept_update(message, size)
+
+    def _check(self, parsed: ParsedTopic, update: Update) -> None:
+        engine = self.engine
+        if update.agent_id != parsed.agent_id or update.round != parsed.round:
+            raise RejectedUpdate(RejectReason.TOPIC_MISMATCH,
+                                 f"update of {update.agent_id}/{update.round} on {parsed.agent_id}/{parsed.round}")
+        if update.run_id != engine.run_id:
+            raise RejectedUpdate(RejectReason.WRONG_RUN, f"run {update.run_id}, expected {engine.run_id}")
+        open_round = engine.open
+        if open_round is None or update.round < open_round.number:
+            if update.round < engine.next_round:
+                raise RejectedUpdate(RejectReason.LATE, f"round {update.round} is closed")
+            raise RejectedUpdate(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
+        if update.round != open_round.number:
+            raise RejectedUpdate(RejectReason.WRONG_ROUND, f"round {update.round}, open is {open_round.number}")
+        record = engine.registry.get(update.agent_id)
+        if update.agent_id not in open_round.selected:
+            if record is None:
+                raise RejectedUpdate(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
+            raise RejectedUpdate(RejectReason.UNSELECTED, f"not selected for round {update.round}")
+        if update.agent_id in open_round.updates:
+            raise RejectedUpdate(RejectReason.DUPLICATE, f"already answered round {update.round}")
+        if update.task != open_round.announcement.task:
+            raise RejectedUpdate(RejectReason.WRONG_TASK, f"{update.task} answer to a {open_round.announcement.task} round")
+        if record is not None and update.family != record.status.family:
+            raise RejectedUpdate(RejectReason.WRONG_FAMILY, f"family {update.family}, status says {record.status.family}")
+        if update.task == "train":
+            engine.strategy.check_update(update)
+
+    def _reject(self, kind: str, reason: str, sender: str, detail: str) -> None:
+        self.metrics.rejected.labels(kind, reason).inc()
+        if (sender, reason) not in self._logged and len(self._logged) < _MAX_LOGGED:
+            self._logged.add((sender, reason))
+            log.warning("dropped %s from %s: %s: %s (further drops for this reason are only counted)",
+                        kind, sender, reason, detail)

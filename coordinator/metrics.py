@@ -1,0 +1,93 @@
+"""Prometheus metrics of the coordinator, on an injectable registry.
+
+Naming: one ``fl_`` prefix, base units, ``_total`` for counters. Labels are bounded: device
+class, model family, message kind, outcome or reject reason, never an agent id. Device and
+family values come from agents, so unknown ones fold into ``other`` past a small cap.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from protocol.version import SOFTWARE_VERSION
+
+KNOWN_DEVICES = ("jetson", "rpi", "phone", "cpu")
+MAX_FAMILY_LABELS = 16
+
+_ROUND_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+_AGGREGATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class CoordinatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.info = Info("fl_coordinator", "Coordinator build and configuration", registry=r)
+        self.rounds = Counter("fl_rounds_total", "Rounds closed, by outcome", ["outcome"], registry=r)
+        self.round_duration = Histogram("fl_round_duration_seconds", "Wall time from announcement to close",
+                                        buckets=_ROUND_BUCKETS, registry=r)
+        self.current_round = Gauge("fl_round_current", "Number of the round in progress or last closed", registry=r)
+        self.round_deadline = Gauge("fl_round_deadline_seconds", "Deadline of the current round", registry=r)
+        self.round_agents = Gauge("fl_round_agents", "Agents in the last closed round, by state",
+                                  ["state"], registry=r)
+        self.agents_selected = Counter("fl_agents_selected_total", "Agents selected, summed over rounds", registry=r)
+        self.agents_answered = Counter("fl_agents_answered_total", "Selected agents whose update was accepted",
+                                       registry=r)
+        self.stragglers = Counter("fl_stragglers_total", "Selected agents online but not answering by the deadline",
+                                  registry=r)
+        self.dropouts = Counter("fl_dropouts_total", "Selected agents that went offline before answering", registry=r)
+        self.updates = Counter("fl_updates_total", "Updates received, by outcome", ["outcome"], registry=r)
+        self.rejected = Counter("fl_messages_rejected_total", "Inbound messages dropped, by kind and reason",
+                                ["kind", "reason"], registry=r)
+        self.bytes_received = Counter("fl_received_bytes_total", "Payload bytes received, by message kind",
+                                      ["kind"], registry=r)
+        self.bytes_sent = Counter("fl_sent_bytes_total", "Payload bytes published, by message kind",
+                                  ["kind"], registry=r)
+        self.messages_received = Counter("fl_received_messages_total", "Messages received, by kind", ["kind"],
+                                         registry=r)
+        self.messages_sent = Counter("fl_sent_messages_total", "Messages published, by kind", ["kind"], registry=r)
+        self.round_bytes = Gauge("fl_round_bytes", "Payload bytes of the last closed round, by direction",
+                                 ["direction"], registry=r)
+        self.aggregation_duration = Histogram("fl_aggregation_duration_seconds", "Time to aggregate one round",
+                                              buckets=_AGGREGATION_BUCKETS, registry=r)
+        self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
+                                   ["device"], registry=r)
+        self.accuracy = Gauge("fl_federated_accuracy_ratio",
+                              "Sample-weighted accuracy of the global model on agents' held-out data",
+                              ["family"], registry=r)
+        self.loss = Gauge("fl_federated_loss", "Sample-weighted loss of the global model on agents' held-out data",
+                          ["family"], registry=r)
+        self.epsilon = Gauge("fl_privacy_epsilon", "Largest DP epsilon spent, by device class", ["device"],
+                             registry=r)
+        self.epsilon_max = Gauge("fl_privacy_epsilon_max", "Largest DP epsilon spent by any agent", registry=r)
+        self.broker_connected = Gauge("fl_broker_connected", "1 while connected to the broker", registry=r)
+        self.reconnects = Counter("fl_broker_reconnects_total", "Reconnections to the broker", registry=r)
+        self.checkpoint_time = Gauge("fl_checkpoint_last_timestamp_seconds", "Unix time of the last checkpoint",
+                                     registry=r)
+        self.checkpoint_age = Gauge("fl_checkpoint_age_seconds", "Seconds since the last checkpoint", registry=r)
+        self.checkpoint_bytes = Gauge("fl_checkpoint_bytes", "Size of the last checkpoint", registry=r)
+        self._last_checkpoint: float | None = None
+        self.checkpoint_age.set_function(self._checkpoint_age)
+        self._families: set[str] = set()
+        self.info.info({"version": SOFTWARE_VERSION})
+
+    def _checkpoint_age(self) -> float:
+        return float("nan") if self._last_checkpoint is None else time.time() - self._last_checkpoint
+
+    def checkpointed(self, size: int) -> None:
+        self._last_checkpoint = time.time()
+        self.checkpoint_time.set(self._last_checkpoint)
+        self.checkpoint_bytes.set(size)
+
+    def device_label(self, device: str) -> str:
+        return device if device in KNOWN_DEVICES else "other"
+
+    def family_label(self, family: str) -> str:
+        if family in self._families or family == "all":
+            return family
+        if len(self._families) < MAX_FAMILY_LABELS:
+            self._families.add(family)
+            return family
+        return "other"

@@ -1,0 +1,27 @@
+"""Why the coordinator dropped an update that decoded fine, as a bounded set of reasons."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class RejectReason(str, Enum):
+    WRONG_ROUND = "wrong_round"
+    LATE = "late"
+    NO_OPEN_ROUND = "no_open_round"
+    UNKNOWN_AGENT = "unknown_agent"
+    UNSELECTED = "unselected"
+    DUPLICATE = "duplicate"
+    WRONG_RUN = "wrong_run"
+    TOPIC_MISMATCH = "topic_mismatch"
+    WRONG_TASK = "wrong_task"
+    WRONG_FAMILY = "wrong_family"
+    STALE_BASE = "stale_base"
+    MISSING_PAYLOAD = "missing_payload"
+
+
+class RejectedUpdate(Exception):
+    def __init__(self, reason: RejectReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,77 @@
+"""The records of one round: while it is open, and once it is closed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from protocol.messages import RoundAnnouncement, Update
+
+
+@dataclass
+class OpenRound:
+    announcement: RoundAnnouncement
+    payload: bytes
+    """The announcement as published, republished unchanged after a reconnect or restart."""
+    deadline: float
+    """Coordinator monotonic clock."""
+    opened: float
+    updates: dict[str, Update] = field(default_factory=dict)
+    bytes_in: int = 0
+    bytes_out: int = 0
+    rejected: int = 0
+
+    @property
+    def number(self) -> int:
+        return self.announcement.round
+
+    @property
+    def selected(self) -> list[str]:
+        return self.announcement.selected
+
+    def everyone_answered(self) -> bool:
+        return len(self.updates) == len(self.announcement.selected)
+
+    def quorum(self, fraction: float, minimum: int) -> int:
+        return min(len(self.selected), max(minimum, math.ceil(fraction * len(self.selected))))
+
+
+@dataclass
+class FamilySummary:
+    answered: int
+    accuracy: float | None
+    loss: float | None
+
+
+@dataclass
+class RoundSummary:
+    round: int
+    task: str
+    outcome: str
+    """completed | quorum_missed | failed | interrupted"""
+    reason: str | None
+    selected: int
+    answered: int
+    stragglers: int
+    dropouts: int
+    rejected: int
+    quorum: int
+    duration_s: float
+    deadline_s: float
+    bytes_in: int
+    bytes_out: int
+    accuracy: float | None
+    """Of the global model the round started from, on the answering agents' held-out data."""
+    loss: float | None
+    train_loss: float | None
+    closed_at: float
+    families: dict[str, FamilySummary] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RoundSummary:
+        families = {k: FamilySummary(**v) for k, v in data.get("families", {}).items()}
+        return cls(**{**data, "families": families})

@@ -1,0 +1,117 @@
+"""The coordinator process: the MQTT link, the engine's loop, and the HTTP endpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from coordinator.checkpoint import CheckpointStore
+from coordinator.config import CoordinatorSettings
+from coordinator.engine import RoundEngine
+from coordinator.http_server import HealthServer
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.rounds import RoundSummary
+from coordinator.strategies import build_strategy
+from protocol.mqtt import MqttLink, Will
+
+log = logging.getLogger(__name__)
+
+STALL_S = 30.0
+
+
+class CoordinatorService:
+    def __init__(self, settings: CoordinatorSettings, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.metrics = CoordinatorMetrics(registry)
+        self.engine = RoundEngine(
+            settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
+            on_round_closed=self._append_summary,
+        )
+        self._inbox: queue.Queue[tuple[str, object, object]] = queue.Queue()
+        self._link: MqttLink | None = None
+        self._restored = False
+        self._last_loop = time.monotonic()
+        self.http = HealthServer(settings.http_host, settings.http_port, self.metrics.registry,
+                                 self._healthy, self._ready)
+
+    # Outbox for the engine
+    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None:
+        assert self._link is not None
+        self._link.publish(topic, payload, qos=1, retain=retain)
+
+    def run(self, stop: threading.Event) -> int:
+        self.engine.restore()
+        self._restored = True
+        self.http.start()
+        log.info("serving /metrics, /healthz, /readyz on %s:%d", self.settings.http_host, self.http.port)
+        topics = self.engine.topics
+        self._link = MqttLink(
+            self.settings.mqtt_client_id, self.settings.broker_address(),
+            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload)),
+            subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1)],
+            will=Will(topics.coordinator_status, self.engine.offline_status()),
+            persistent_session=True,
+            on_connected=lambda again: self._inbox.put(("connected", again, None)),
+            on_disconnected=lambda: self._inbox.put(("disconnected", None, None)),
+        )
+        self._link.start()
+        try:
+            self._loop(stop)
+        finally:
+            if not self.engine.finished and self._link.connected:
+                self.publish(topics.coordinator_status, self.engine.offline_status(), retain=True)
+            self._link.stop()
+            self.http.stop()
+        return 0
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._last_loop = time.monotonic()
+            wait = self.engine.tick()
+            if self.engine.finished and self.settings.exit_when_finished:
+                return
+            try:
+                item = self._inbox.get(timeout=wait)
+            except queue.Empty:
+                continue
+            self._dispatch(item)
+            while True:  # drain what else arrived before ticking again
+                try:
+                    self._dispatch(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+
+    def _dispatch(self, item: tuple[str, object, object]) -> None:
+        kind, first, second = item
+        if kind == "message":
+            self.engine.on_message(first, second)  # type: ignore[arg-type]
+        elif kind == "connected":
+            if first:
+                self.metrics.reconnects.inc()
+                log.info("reconnected to the broker")
+            self.engine.on_connection(True)
+        elif kind == "disconnected":
+            log.warning("lost the broker connection")
+            self.engine.on_connection(False)
+
+    def _append_summary(self, summary: RoundSummary) -> None:
+        path = Path(self.settings.state_dir) / "rounds.jsonl"
+        with path.open("a") as handle:
+            handle.write(json.dumps(summary.to_dict()) + "\n")
+
+    def _healthy(self) -> tuple[bool, str]:
+        stalled = time.monotonic() - self._last_loop
+        return (stalled < STALL_S, f"loop last ran {stalled:.1f}s ago")
+
+    def _ready(self) -> tuple[bool, str]:
+        if not self._restored:
+            return False, "checkpoint not loaded"
+        if self._link is None or not self._link.connected:
+            return False, "broker not connected"
+        return True, "ready"

@@ -1,0 +1,109 @@
+"""What every strategy provides: round parameters, update checks, aggregation, state."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from coordinator.aggregators import Aggregator
+from coordinator.rejects import RejectedUpdate, RejectReason
+from protocol.arrays import check_layout, layout_of
+from protocol.messages import Algorithm, GlobalState, Update
+
+
+@dataclass
+class FamilyState:
+    """The global state one model family starts round ``round`` from."""
+
+    round: int
+    weights: dict[str, np.ndarray]
+    control: dict[str, np.ndarray] = field(default_factory=dict)
+    prototypes: np.ndarray | None = None
+    prototype_counts: np.ndarray | None = None
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        self.digest = GlobalState.compute_digest(self.weights, self.control, self.prototypes, self.prototype_counts)
+
+    def message(self, run_id: str, family: str) -> GlobalState:
+        return GlobalState(
+            run_id=run_id, family=family, round=self.round, digest=self.digest, weights=self.weights,
+            control=self.control, prototypes=self.prototypes, prototype_counts=self.prototype_counts,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round, "weights": self.weights, "control": self.control,
+            "prototypes": self.prototypes, "prototype_counts": self.prototype_counts,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FamilyState:
+        return cls(
+            round=int(data["round"]),
+            weights={k: np.array(v) for k, v in data["weights"].items()},
+            control={k: np.array(v) for k, v in data["control"].items()},
+            prototypes=None if data["prototypes"] is None else np.array(data["prototypes"]),
+            prototype_counts=None if data["prototype_counts"] is None else np.array(data["prototype_counts"]),
+        )
+
+
+class Strategy(ABC):
+    """Decides what a round asks for and how the updates become the next global states.
+
+    ``states`` holds one :class:`FamilyState` per model family. A family without one yet
+    bootstraps: its agents start from the announced seeded initialisation and send weights.
+    """
+
+    algorithm: ClassVar[Algorithm]
+
+    def __init__(self, aggregator: Aggregator) -> None:
+        self.aggregator = aggregator
+        self.states: dict[str, FamilyState] = {}
+        self._bootstrap_layouts: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
+
+    def round_params(self, round_number: int) -> dict[str, float | int | bool]:
+        """Algorithm hyper-parameters announced with the round."""
+        return {}
+
+    def begin_round(self, round_number: int) -> None:
+        self._bootstrap_layouts.clear()
+
+    def check_update(self, update: Update) -> None:
+        """Raise unless ``update`` carries what this round asked of its family."""
+        state = self.states.get(update.family)
+        if state is None:
+            self._check_bootstrap(update)
+            return
+        if update.base_digest != state.digest:
+            raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
+        if not update.delta:
+            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
+        check_layout(update.delta, layout_of(state.weights), "delta")
+
+    def _check_bootstrap(self, update: Update) -> None:
+        if not update.weights:
+            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
+        expected = self._bootstrap_layouts.setdefault(update.family, layout_of(update.weights))
+        check_layout(update.weights, expected, "bootstrap weights")
+
+    @abstractmethod
+    def aggregate(self, round_number: int, updates: Sequence[Update]) -> None:
+        """Turn one round's accepted updates into ``states`` for round ``round_number + 1``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"families": {f: s.to_dict() for f, s in self.states.items()}}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        self.states = {f: FamilyState.from_dict(s) for f, s in data["families"].items()}
+
+
+def group_by_family(updates: Sequence[Update]) -> dict[str, list[Update]]:
+    groups: dict[str, list[Update]] = {}
+    for update in updates:
+        groups.setdefault(update.family, []).append(update)
+    return groups

@@ -1,0 +1,41 @@
+"""FedAvg (McMahan et al., 2017): the sample-weighted average of client deltas."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from coordinator.aggregators import Aggregator
+from coordinator.strategies.base import FamilyState, Strategy, group_by_family
+from protocol.messages import Update
+
+
+def apply_delta(weights: dict[str, np.ndarray], delta: dict[str, np.ndarray], lr: float) -> dict[str, np.ndarray]:
+    """weights + lr * delta for floating arrays; integer arrays take the delta as is."""
+    out = {}
+    for name, value in weights.items():
+        if value.dtype.kind in "fc":
+            out[name] = (value.astype(np.float64) + lr * delta[name].astype(np.float64)).astype(value.dtype)
+        else:
+            out[name] = value + delta[name]
+    return out
+
+
+class FedAvg(Strategy):
+    algorithm = "fedavg"
+
+    def __init__(self, aggregator: Aggregator, server_learning_rate: float = 1.0) -> None:
+        super().__init__(aggregator)
+        self.server_learning_rate = server_learning_rate
+
+    def aggregate(self, round_number: int, updates: Sequence[Update]) -> None:
+        for family, group in group_by_family(updates).items():
+            weights = [float(u.num_samples) for u in group]
+            state = self.states.get(family)
+            if state is None:
+                merged = self.aggregator([u.weights for u in group], weights)
+            else:
+                mean_delta = self.aggregator([u.delta for u in group], weights)
+                merged = apply_delta(state.weights, mean_delta, self.server_learning_rate)
+            self.states[family] = FamilyState(round=round_number + 1, weights=merged)

@@ -1,0 +1,1 @@
+"""The device side: profiles, models, data, local training, DP, and the MQTT loop."""

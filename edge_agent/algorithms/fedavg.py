@@ -1,0 +1,9 @@
+"""FedAvg on the agent: plain local SGD; the update is the weight delta."""
+
+from __future__ import annotations
+
+from edge_agent.algorithms.base import ClientAlgorithm
+
+
+class FedAvgClient(ClientAlgorithm):
+    name = "fedavg"

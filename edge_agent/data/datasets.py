@@ -1,0 +1,106 @@
+"""Image classification data as plain arrays: scikit-learn's digits, an .npz file, or synthetic.
+
+Images are float32 [N, C, H, W] scaled to [0, 1]; labels are int64 [N].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dataset:
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.x.ndim != 4:
+            raise ValueError(f"{self.name}: images must be [N, C, H, W], got shape {self.x.shape}")
+        if self.y.shape != (self.x.shape[0],):
+            raise ValueError(f"{self.name}: {self.x.shape[0]} images but labels of shape {self.y.shape}")
+        if len(self.y) and (self.y.min() < 0 or self.y.max() >= self.num_classes):
+            raise ValueError(f"{self.name}: labels must lie in [0, {self.num_classes})")
+
+    @property
+    def in_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x.shape[1:])  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, indices: np.ndarray, name: str | None = None) -> Dataset:
+        return Dataset(self.x[indices], self.y[indices], self.num_classes, name or self.name)
+
+
+def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Shuffle 0..n-1 with ``seed``; return (kept, held_out) with round(fraction * n) held out."""
+    order = np.random.default_rng(seed).permutation(n)
+    held = int(round(fraction * n))
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, no download): (train, test)."""
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
+    y = bunch.target.astype(np.int64)
+    train_idx, test_idx = split_indices(len(y), test_fraction, seed)
+    full = Dataset(x, y, 10, "digits")
+    return full.subset(train_idx, "digits-train"), full.subset(test_idx, "digits-test")
+
+
+def load_npz(path: Path, test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """An .npz with images under ``x`` (or ``images``) and labels under ``y`` (or ``labels``).
+
+    Images may be [N, H, W] or [N, C, H, W] (or [N, H, W, C] with C in 1 or 3); integer
+    images are scaled from 0..255. MNIST and CIFAR-10 exported this way load directly.
+    """
+    with np.load(path, allow_pickle=False) as archive:
+        keys = set(archive.files)
+        x_key = next((k for k in ("x", "images") if k in keys), None)
+        y_key = next((k for k in ("y", "labels") if k in keys), None)
+        if x_key is None or y_key is None:
+            raise ValueError(f"{path}: expected arrays 'x'/'images' and 'y'/'labels', found {sorted(keys)}")
+        x = archive[x_key]
+        y = archive[y_key].astype(np.int64).reshape(-1)
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
+        x = np.transpose(x, (0, 3, 1, 2))
+    if x.ndim != 4:
+        raise ValueError(f"{path}: images must be [N, H, W] or [N, C, H, W], got {x.shape}")
+    x = x.astype(np.float32) / (255.0 if np.issubdtype(x.dtype, np.integer) else 1.0)
+    full = Dataset(np.ascontiguousarray(x), y, int(y.max()) + 1, path.stem)
+    train_idx, test_idx = split_indices(len(y), test_fraction, seed)
+    return full.subset(train_idx, f"{path.stem}-train"), full.subset(test_idx, f"{path.stem}-test")
+
+
+def make_synthetic(n: int = 2000, num_classes: int = 10, shape: tuple[int, int, int] = (1, 8, 8),
+                   noise: float = 0.35, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """Learnable class-conditional images: a fixed random template per class plus noise."""
+    rng = np.random.default_rng(seed)
+    templates = rng.uniform(0.0, 1.0, size=(num_classes, *shape)).astype(np.float32)
+    y = rng.integers(0, num_classes, size=n).astype(np.int64)
+    x = np.clip(templates[y] + noise * rng.standard_normal((n, *shape)).astype(np.float32), 0.0, 1.0)
+    full = Dataset(x.astype(np.float32), y, num_classes, "synthetic")
+    train_idx, test_idx = split_indices(n, 0.2, seed + 1)
+    return full.subset(train_idx, "synthetic-train"), full.subset(test_idx, "synthetic-test")
+
+
+def load_dataset(spec: str, seed: int = 0) -> tuple[Dataset, Dataset]:
+    """``digits``, ``synthetic``, or a path to an .npz file: (train pool, global test set)."""
+    if spec == "digits":
+        return load_digits(seed=seed)
+    if spec == "synthetic":
+        return make_synthetic(seed=seed)
+    path = Path(spec)
+    if path.suffix != ".npz" or not path.exists():
+        raise ValueError(f"data {spec!r} is neither 'digits', 'synthetic' nor an existing .npz file")
+    return load_npz(path, seed=seed)

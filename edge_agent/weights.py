@@ -1,0 +1,27 @@
+"""Model state as named numpy arrays, the form that crosses the wire."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+from protocol.arrays import check_layout, layout_of
+
+
+def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
+    """A copy of every parameter and buffer, in state-dict order."""
+    return {name: t.detach().cpu().numpy().copy() for name, t in model.state_dict().items()}
+
+
+def set_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    """Load named arrays into ``model``; raises ProtocolError(BAD_SHAPE) if they do not fit it."""
+    check_layout(arrays, layout_of(get_arrays(model)), "global weights")
+    state = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in arrays.items()}
+    model.load_state_dict(state, strict=True)
+
+
+def subtract(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {name: (local[name] - base[name]).astype(local[name].dtype, copy=False) for name in local}

@@ -1,0 +1,55 @@
+"""Answers one round: load the global state, evaluate it, train, and build the update."""
+
+from __future__ import annotations
+
+import zlib
+import torch
+
+from edge_agent.algorithms import build_client_algorithm
+from edge_agent.data.local import LocalData
+from edge_agent.models import build_model
+from edge_agent.state import AgentStateDir
+from edge_agent.training import evaluate, train_local
+from edge_agent.weights import set_arrays
+from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
+
+
+class LocalWorker:
+    def __init__(self, agent_id: str, family: str, data: LocalData, device: torch.device, batch_size: int,
+                 state: AgentStateDir) -> None:
+        self.agent_id = agent_id
+        self.family = family
+        self.data = data
+        self.device = device
+        self.batch_size = batch_size
+        self.state = state
+
+    def answer(self, announcement: RoundAnnouncement, global_state: GlobalState | None) -> Update:
+        """The update for ``announcement``; ``global_state`` is None when the family bootstraps."""
+        train, held_out = self.data.train, self.data.held_out
+        model = build_model(self.family, train.in_shape, train.num_classes, seed=announcement.init_seed).to(self.device)
+        if global_state is not None:
+            set_arrays(model, global_state.weights)
+        before = evaluate(model, held_out, self.device)
+        common = dict(
+            run_id=announcement.run_id, agent_id=self.agent_id, round=announcement.round, task=announcement.task,
+            family=self.family, base_digest=global_state.digest if global_state is not None else None,
+            num_samples=len(train),
+        )
+        if announcement.task == "evaluate":
+            metrics = TrainMetrics(eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples)
+            return Update(**common, metrics=metrics)
+
+        algorithm = build_client_algorithm(announcement.algorithm, announcement.params, self.state)
+        algorithm.begin(model, global_state, self.device)
+        batch_size = announcement.training.batch_size or self.batch_size
+        seed = zlib.crc32(f"{self.agent_id}:{announcement.run_id}:{announcement.round}".encode())
+        result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
+        after = evaluate(model, held_out, self.device)
+        metrics = TrainMetrics(
+            eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
+            train_loss=result.loss, train_accuracy=result.accuracy, duration_s=result.duration_s, steps=result.steps,
+            extra={"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss},
+        )
+        payload = algorithm.payload(model, result.steps, announcement.training.learning_rate)
+        return Update(**common, metrics=metrics, **payload)

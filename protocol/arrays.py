@@ -1,0 +1,49 @@
+"""Array field types for message models and the shape checks against a model's layout."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import PlainSerializer, PlainValidator
+from pydantic_core import PydanticCustomError
+
+from protocol.errors import ProtocolError, Reason
+
+
+def _validate_array(value: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise PydanticCustomError("not_array", "expected an array, got {type}", {"type": type(value).__name__})
+    if value.dtype.kind in "fc" and value.size and not np.isfinite(value).all():
+        raise PydanticCustomError("non_finite", "array holds NaN or Inf")
+    return value
+
+
+Array = Annotated[np.ndarray, PlainValidator(_validate_array), PlainSerializer(lambda a: a)]
+"""A numpy array field; floating arrays must hold only finite values."""
+
+Arrays = dict[str, Array]
+"""Named arrays, e.g. a model's parameters in state-dict order."""
+
+Layout = Mapping[str, tuple[tuple[int, ...], str]]
+"""Expected name -> (shape, dtype string) of a set of named arrays."""
+
+
+def layout_of(arrays: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {name: (tuple(a.shape), a.dtype.str) for name, a in arrays.items()}
+
+
+def check_layout(arrays: Mapping[str, np.ndarray], expected: Layout, what: str) -> None:
+    """Raise BAD_SHAPE unless ``arrays`` has exactly the names, shapes and dtypes expected."""
+    if arrays.keys() != expected.keys():
+        missing = sorted(expected.keys() - arrays.keys())[:3]
+        extra = sorted(arrays.keys() - expected.keys())[:3]
+        raise ProtocolError(Reason.BAD_SHAPE, f"{what}: missing {missing}, unexpected {extra}")
+    for name, array in arrays.items():
+        shape, dtype = expected[name]
+        if tuple(array.shape) != tuple(shape) or array.dtype.str != dtype:
+            raise ProtocolError(
+                Reason.BAD_SHAPE,
+                f"{what}: {name} is {array.dtype.str}{list(array.shape)}, expected {dtype}{list(shape)}",
+            )

@@ -1,0 +1,24 @@
+"""Content digests of named arrays: what a round announcement pins each family to."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+
+def digest_arrays(groups: Iterable[tuple[str, Mapping[str, np.ndarray]]]) -> str:
+    """BLAKE2b-128 over group names, array names, dtypes, shapes and bytes, in order."""
+    h = hashlib.blake2b(digest_size=16)
+    for group, arrays in groups:
+        h.update(f"[{group}]".encode())
+        for name, array in arrays.items():
+            contiguous = np.require(array, requirements="C")
+            h.update(f"{name}:{contiguous.dtype.str}:{contiguous.shape};".encode())
+            h.update(memoryview(contiguous).cast("B") if contiguous.size else b"")
+    return h.hexdigest()
+
+
+def digest_bytes(data: bytes | memoryview) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()

@@ -1,0 +1,241 @@
+"""Pydantic models of every message on the wire.
+
+All models are strict (no silent coercion), frozen, reject unknown fields, and carry the
+schema version ``v`` and a ``kind`` that names the model. Floats must be finite.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from protocol.arrays import Array, Arrays
+from protocol.digest import digest_arrays
+from protocol.version import SCHEMA_VERSION
+
+Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+"""Agent ids, federation and family names: safe inside an MQTT topic level (no / + #)."""
+
+Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+Round = Annotated[int, Field(ge=0, le=10_000_000)]
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+Algorithm = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
+Task = Literal["train", "evaluate"]
+
+MAX_AGENTS_PER_ROUND = 10_000
+
+
+class WireModel(BaseModel):
+    model_config = ConfigDict(
+        strict=True, frozen=True, extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True
+    )
+
+
+class Message(WireModel):
+    v: Literal[1] = SCHEMA_VERSION
+
+
+class CoordinatorStatus(Message):
+    kind: Literal["coordinator_status"] = "coordinator_status"
+    federation: Identifier
+    run_id: Identifier
+    session: Identifier
+    """New on every coordinator start, so agents can tell that it restarted."""
+    state: Literal["online", "offline", "finished"]
+    round: Round
+    algorithm: Algorithm
+    version: str = Field(max_length=64)
+    timestamp: float
+
+
+class PrivacySpent(WireModel):
+    epsilon: float = Field(ge=0.0)
+    delta: float = Field(ge=0.0, lt=1.0)
+    budget_epsilon: float | None = Field(default=None, gt=0.0)
+    exhausted: bool = False
+
+
+class AgentStatus(Message):
+    """Retained hello and heartbeat; the agent's last will republishes it offline."""
+
+    kind: Literal["agent_status"] = "agent_status"
+    agent_id: Identifier
+    state: Literal["online", "offline", "budget_exhausted"]
+    device: Identifier
+    family: Identifier
+    num_samples: NonNegativeInt
+    num_eval_samples: NonNegativeInt
+    version: str = Field(max_length=64)
+    timestamp: float
+    privacy: PrivacySpent | None = None
+
+
+class StateRef(WireModel):
+    """Which global state a family starts a round from (its topic is global/{family}/{round})."""
+
+    family: Identifier
+    round: Round
+    digest: Digest
+
+
+class LocalTraining(WireModel):
+    epochs: int = Field(ge=1, le=1000)
+    learning_rate: float = Field(gt=0.0, le=10.0)
+    momentum: float = Field(default=0.0, ge=0.0, lt=1.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
+    batch_size: int | None = Field(default=None, ge=1, le=65536)
+    """None: the device profile's batch size."""
+
+
+class RoundAnnouncement(Message):
+    kind: Literal["round"] = "round"
+    run_id: Identifier
+    round: Round
+    task: Task
+    algorithm: Algorithm
+    training: LocalTraining
+    params: dict[Annotated[str, StringConstraints(max_length=64)], float | int | bool] = Field(
+        default_factory=dict, max_length=64
+    )
+    """Algorithm hyper-parameters (e.g. FedProx ``mu``); each algorithm validates its own."""
+    selected: list[Identifier] = Field(max_length=MAX_AGENTS_PER_ROUND)
+    states: dict[Identifier, StateRef] = Field(default_factory=dict, max_length=64)
+    """Global state per model family; a family absent here bootstraps from its seeded init."""
+    init_seed: int = Field(ge=0, lt=2**31)
+    issued_at: float
+    deadline_s: float = Field(gt=0.0)
+    """Seconds after ``issued_at``; relative so that skewed device clocks still agree."""
+    last_round: Round
+
+    @model_validator(mode="after")
+    def _refs_match_families(self) -> RoundAnnouncement:
+        for family, ref in self.states.items():
+            if ref.family != family:
+                raise PydanticCustomError("schema", "state ref for {f} names {g}", {"f": family, "g": ref.family})
+        if len(set(self.selected)) != len(self.selected):
+            raise PydanticCustomError("schema", "selected agents repeat")
+        return self
+
+
+class GlobalState(Message):
+    """The global state of one model family for one round, retained on global/{family}/{round}."""
+
+    kind: Literal["global_state"] = "global_state"
+    run_id: Identifier
+    family: Identifier
+    round: Round
+    digest: Digest
+    weights: Arrays = Field(default_factory=dict, max_length=4096)
+    control: Arrays = Field(default_factory=dict, max_length=4096)
+    """SCAFFOLD's server control variate, parameters only."""
+    prototypes: Array | None = None
+    """FedProto global prototypes, shape [classes, dim]; rows with zero count are unused."""
+    prototype_counts: Array | None = None
+
+    @staticmethod
+    def compute_digest(
+        weights: Arrays, control: Arrays, prototypes: np.ndarray | None, counts: np.ndarray | None
+    ) -> str:
+        protos = {} if prototypes is None else {"prototypes": prototypes}
+        if counts is not None:
+            protos["counts"] = counts
+        return digest_arrays([("weights", weights), ("control", control), ("prototypes", protos)])
+
+    @model_validator(mode="after")
+    def _check(self) -> GlobalState:
+        _check_prototypes(self.prototypes, self.prototype_counts)
+        actual = self.compute_digest(self.weights, self.control, self.prototypes, self.prototype_counts)
+        if actual != self.digest:
+            raise PydanticCustomError("digest_mismatch", "content digest {a} differs from {d}",
+                                      {"a": actual, "d": self.digest})
+        return self
+
+
+class TrainMetrics(WireModel):
+    """Reported by an agent; ``eval_*`` are of the global model it received, on its held-out split."""
+
+    eval_loss: float | None = Field(default=None, ge=0.0)
+    eval_accuracy: Probability | None = None
+    num_eval_samples: NonNegativeInt = 0
+    train_loss: float | None = Field(default=None, ge=0.0)
+    train_accuracy: Probability | None = None
+    duration_s: float = Field(default=0.0, ge=0.0)
+    steps: NonNegativeInt = 0
+    extra: dict[Annotated[str, StringConstraints(max_length=64)], float] = Field(default_factory=dict, max_length=64)
+
+
+class Update(Message):
+    """An agent's answer to one round.
+
+    Exactly one payload shape per task: ``delta`` (local minus global weights) in a normal
+    training round, ``weights`` when the family had no global state yet (bootstrap), neither
+    for evaluation or FedProto, which sends only ``prototypes`` with ``prototype_counts``.
+    """
+
+    kind: Literal["update"] = "update"
+    run_id: Identifier
+    agent_id: Identifier
+    round: Round
+    task: Task
+    family: Identifier
+    base_digest: Digest | None
+    """Digest of the global state trained from; None when bootstrapping."""
+    num_samples: NonNegativeInt
+    weights: Arrays = Field(default_factory=dict, max_length=4096)
+    delta: Arrays = Field(default_factory=dict, max_length=4096)
+    control_delta: Arrays = Field(default_factory=dict, max_length=4096)
+    prototypes: Array | None = None
+    prototype_counts: Array | None = None
+    metrics: TrainMetrics
+    privacy: PrivacySpent | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Update:
+        if self.weights and self.delta:
+            raise PydanticCustomError("schema", "an update carries weights or a delta, not both")
+        if self.task == "evaluate" and (self.weights or self.delta or self.prototypes is not None):
+            raise PydanticCustomError("schema", "an evaluation answer carries no model payload")
+        _check_prototypes(self.prototypes, self.prototype_counts)
+        return self
+
+
+class Chunk(Message):
+    """One piece of a message too large for the broker's message size cap."""
+
+    kind: Literal["chunk"] = "chunk"
+    transfer_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,32}$")]
+    index: NonNegativeInt
+    count: int = Field(ge=1, le=100_000)
+    total_bytes: int = Field(ge=1)
+    digest: Digest
+    data: bytes
+
+    @model_validator(mode="after")
+    def _check(self) -> Chunk:
+        if self.index >= self.count:
+            raise PydanticCustomError("schema", "chunk index {i} outside count {c}", {"i": self.index, "c": self.count})
+        return self
+
+
+def _check_prototypes(prototypes: np.ndarray | None, counts: np.ndarray | None) -> None:
+    if prototypes is None and counts is None:
+        return
+    if prototypes is None or counts is None:
+        raise PydanticCustomError("schema", "prototypes and prototype_counts travel together")
+    if prototypes.ndim != 2 or prototypes.dtype.kind != "f":
+        raise PydanticCustomError("bad_shape", "prototypes must be a float [classes, dim] array")
+    if counts.shape != (prototypes.shape[0],) or counts.dtype.kind not in "iu" or (counts < 0).any():
+        raise PydanticCustomError("bad_shape", "prototype_counts must be non-negative integers, one per class")
+
+
+AnyMessage = CoordinatorStatus | AgentStatus | RoundAnnouncement | GlobalState | Update | Chunk
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.model_fields["kind"].default: cls
+    for cls in (CoordinatorStatus, AgentStatus, RoundAnnouncement, GlobalState, Update, Chunk)
+}

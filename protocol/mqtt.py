@@ -1,0 +1,215 @@
+"""The MQTT session both sides use: paho-mqtt 2.x with our reconnect policy.
+
+* subscriptions are (re)made in ``on_connect``, so they survive reconnects;
+* reconnects back off exponentially with full jitter, so a fleet that lost its broker
+  does not reconnect in lock-step;
+* the in-flight window is raised (paho's default of 20 throttles QoS 1 to tens of
+  messages a second on loopback);
+* callbacks run on the network thread and must only hand work over (e.g. to a queue).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+
+log = logging.getLogger(__name__)
+
+MessageHandler = Callable[[str, bytes, bool], None]
+"""(topic, payload, retained) -> None, called on the network thread."""
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> BrokerAddress:
+        """``mqtt://[user[:password]@]host[:port]`` or ``mqtts://`` for TLS."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+            raise ValueError(f"broker URL {url!r} must start with mqtt:// or mqtts://")
+        if not parts.hostname:
+            raise ValueError(f"broker URL {url!r} has no host")
+        tls = parts.scheme in ("mqtts", "ssl")
+        try:
+            port = parts.port or (8883 if tls else 1883)
+        except ValueError as exc:
+            raise ValueError(f"broker URL {url!r}: {exc}") from None
+        return cls(
+            host=parts.hostname,
+            port=port,
+            tls=tls,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+        )
+
+    def __str__(self) -> str:  # never print the password
+        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+class Backoff:
+    """Exponential back-off with full jitter: uniform(0, min(cap, base * 2**attempt))."""
+
+    def __init__(self, base_s: float = 0.5, cap_s: float = 30.0, rng: random.Random | None = None) -> None:
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        ceiling = min(self.cap_s, self.base_s * (2 ** min(self.attempt, 30)))
+        self.attempt += 1
+        return self._rng.uniform(0.0, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass(frozen=True)
+class Will:
+    topic: str
+    payload: bytes
+    retain: bool = True
+
+
+class MqttLink:
+    """One MQTT client with its own network thread."""
+
+    def __init__(
+        self,
+        client_id: str,
+        address: BrokerAddress,
+        on_message: MessageHandler,
+        *,
+        subscriptions: list[tuple[str, int]] | None = None,
+        will: Will | None = None,
+        persistent_session: bool = False,
+        keepalive_s: int = 30,
+        max_inflight: int = 1000,
+        backoff: Backoff | None = None,
+        on_connected: Callable[[bool], None] | None = None,
+        on_disconnected: Callable[[], None] | None = None,
+    ) -> None:
+        self.client_id = client_id
+        self.address = address
+        self.subscriptions = list(subscriptions or [])
+        self.keepalive_s = keepalive_s
+        self.backoff = backoff or Backoff()
+        self.connects = 0
+        self._on_message = on_message
+        self._on_connected = on_connected
+        self._on_disconnected = on_disconnected
+        self._connected = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+        client = paho.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=not persistent_session,
+            protocol=paho.MQTTv311,
+        )
+        client.max_inflight_messages_set(max_inflight)
+        client.max_queued_messages_set(0)
+        if address.username:
+            client.username_pw_set(address.username, address.password)
+        if address.tls:
+            client.tls_set(cert_reqs=ssl.CERT_REQUIRED)
+        if will is not None:
+            client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
+        client.on_connect = self._handle_connect
+        client.on_disconnect = self._handle_disconnect
+        client.on_message = self._handle_message
+        self._client = client
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"mqtt-{self.client_id}", daemon=True)
+        self._thread.start()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Disconnect cleanly (the broker then does not send the last will)."""
+        self._stopping.set()
+        if self._connected.is_set():
+            self._client.disconnect()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> paho.MQTTMessageInfo:
+        """Queue a message; paho sends it now or after the next reconnect."""
+        return self._client.publish(topic, payload, qos=qos, retain=retain)
+
+    def clear_retained(self, topic: str) -> None:
+        self._client.publish(topic, b"", qos=1, retain=True)
+
+    # -- network thread ------------------------------------------------------------
+    def _run(self) -> None:
+        first = True
+        while not self._stopping.is_set():
+            try:
+                if first:
+                    self._client.connect(self.address.host, self.address.port, keepalive=self.keepalive_s)
+                    first = False
+                else:
+                    self._client.reconnect()
+            except (OSError, paho.WebsocketConnectionError) as exc:
+                self._sleep_backoff(f"cannot connect to {self.address}: {exc}")
+                continue
+            rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+            while not self._stopping.is_set() and rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                rc = self._client.loop(timeout=0.5)
+            if self._stopping.is_set():
+                # let the DISCONNECT packet and queued messages out
+                for _ in range(10):
+                    if self._client.loop(timeout=0.1) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                        break
+                return
+            self._connected.clear()
+            self._sleep_backoff(f"connection to {self.address} lost ({rc.name})")
+
+    def _sleep_backoff(self, why: str) -> None:
+        delay = self.backoff.next_delay()
+        log.warning("%s; retrying in %.1fs", why, delay)
+        self._stopping.wait(delay)
+
+    def _handle_connect(self, client: paho.Client, userdata: object, flags: paho.ConnectFlags,
+                        reason_code: paho.ReasonCode, properties: object) -> None:
+        if reason_code.is_failure:
+            log.error("broker %s refused the connection: %s", self.address, reason_code)
+            return
+        self.backoff.reset()
+        for topic, qos in self.subscriptions:
+            client.subscribe(topic, qos)
+        self.connects += 1
+        self._connected.set()
+        if self._on_connected is not None:
+            self._on_connected(self.connects > 1)
+
+    def _handle_disconnect(self, client: paho.Client, userdata: object, flags: paho.DisconnectFlags,
+                           reason_code: paho.ReasonCode, properties: object) -> None:
+        self._connected.clear()
+        if self._on_disconnected is not None:
+            self._on_disconnected()
+
+    def _handle_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
+        self._on_message(message.topic, message.payload, bool(message.retain))

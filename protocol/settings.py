@@ -1,0 +1,79 @@
+"""Loading a pydantic-settings class from defaults < YAML file < environment < CLI flags.
+
+Both services use this, so a bad value fails the same way everywhere: at start-up, with a
+message that names the field and where to set it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+class ConfigError(ValueError):
+    """Configuration that cannot start a service; the message names every bad field."""
+
+
+def load_settings(cls: type[S], yaml_path: Path | None = None, overrides: dict[str, Any] | None = None) -> S:
+    file_values = _read_yaml(yaml_path) if yaml_path is not None else {}
+    cli_values = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = set(file_values) - set(cls.model_fields)
+    if unknown:
+        raise ConfigError(f"{yaml_path}: unknown setting(s) {', '.join(sorted(unknown))}")
+
+    class _Layered(cls):  # type: ignore[valid-type, misc]
+        @classmethod
+        def settings_customise_sources(
+            cls_, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, _DictSource(settings_cls, file_values), file_secret_settings)
+
+    _Layered.__name__ = cls.__name__
+    try:
+        return _Layered(**cli_values)
+    except ValidationError as exc:
+        raise ConfigError(_describe(cls, exc)) from None
+
+
+class _DictSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], values: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self.values = values
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def _describe(cls: type[BaseSettings], exc: ValidationError) -> str:
+    prefix = cls.model_config.get("env_prefix", "")
+    lines = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(p) for p in error["loc"]) or "(settings)"
+        where = f"--{field.replace('_', '-')} / {prefix}{field.upper()}"
+        lines.append(f"  {field} ({where}): {error['msg']} (got {error.get('input')!r})")
+    return "invalid configuration:\n" + "\n".join(lines)

@@ -1,0 +1,88 @@
+"""Topic names, all under ``fl/{federation}/``.
+
+Agent identity comes right after the kind, so a broker ACL can pin each agent to its own
+topics: ``pattern write fl/+/updates/%c/#`` and ``pattern write fl/+/agents/%c/#``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from protocol.errors import ProtocolError, Reason
+
+_IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ROUND = re.compile(r"^(0|[1-9][0-9]{0,7})$")
+
+TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update"]
+
+
+def check_identifier(value: str, what: str) -> str:
+    if not _IDENTIFIER.match(value):
+        raise ValueError(f"{what} {value!r} must be 1-64 of A-Z a-z 0-9 _ . - and start with a letter or digit")
+    return value
+
+
+@dataclass(frozen=True)
+class ParsedTopic:
+    kind: TopicKind
+    agent_id: str | None = None
+    family: str | None = None
+    round: int | None = None
+
+
+class Topics:
+    def __init__(self, federation: str) -> None:
+        self.federation = check_identifier(federation, "federation")
+        self.root = f"fl/{federation}"
+
+    @property
+    def coordinator_status(self) -> str:
+        return f"{self.root}/coordinator/status"
+
+    @property
+    def rounds_current(self) -> str:
+        return f"{self.root}/rounds/current"
+
+    def global_state(self, family: str, round_number: int) -> str:
+        return f"{self.root}/global/{family}/{round_number}"
+
+    def global_states_of(self, family: str) -> str:
+        return f"{self.root}/global/{family}/+"
+
+    def agent_status(self, agent_id: str) -> str:
+        return f"{self.root}/agents/{agent_id}/status"
+
+    @property
+    def all_agent_status(self) -> str:
+        return f"{self.root}/agents/+/status"
+
+    def update(self, agent_id: str, round_number: int) -> str:
+        return f"{self.root}/updates/{agent_id}/{round_number}"
+
+    @property
+    def all_updates(self) -> str:
+        return f"{self.root}/updates/+/+"
+
+    @property
+    def everything(self) -> str:
+        return f"{self.root}/#"
+
+    def parse(self, topic: str) -> ParsedTopic:
+        """Classify a topic of this federation; raises BAD_TOPIC for anything else."""
+        parts = topic.split("/")
+        if len(parts) < 4 or parts[0] != "fl" or parts[1] != self.federation:
+            raise ProtocolError(Reason.BAD_TOPIC, f"not a topic of federation {self.federation}: {topic[:120]}")
+        rest = parts[2:]
+        if rest == ["coordinator", "status"]:
+            return ParsedTopic("coordinator_status")
+        if rest == ["rounds", "current"]:
+            return ParsedTopic("round")
+        if len(rest) == 3 and rest[0] == "agents" and rest[2] == "status" and _IDENTIFIER.match(rest[1]):
+            return ParsedTopic("agent_status", agent_id=rest[1])
+        if len(rest) == 3 and rest[0] == "updates" and _IDENTIFIER.match(rest[1]) and _ROUND.match(rest[2]):
+            return ParsedTopic("update", agent_id=rest[1], round=int(rest[2]))
+        if len(rest) == 3 and rest[0] == "global" and _IDENTIFIER.match(rest[1]) and _ROUND.match(rest[2]):
+            return ParsedTopic("global_state", family=rest[1], round=int(rest[2]))
+        raise ProtocolError(Reason.BAD_TOPIC, f"unknown topic {topic[:120]}")

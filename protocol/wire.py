@@ -1,0 +1,72 @@
+"""Messages to bytes and back: the codec plus schema validation."""
+
+from __future__ import annotations
+
+from typing import TypeVar, overload
+
+from pydantic import ValidationError
+
+from protocol.codec import decode, encode
+from protocol.errors import ProtocolError, Reason
+from protocol.limits import DEFAULT_LIMITS, DecodeLimits
+from protocol.messages import MESSAGE_TYPES, Message
+from protocol.version import SCHEMA_VERSION
+
+M = TypeVar("M", bound=Message)
+
+# Custom validation error types raised inside the models that have a reason of their own.
+_REASON_BY_ERROR_TYPE = {
+    "non_finite": Reason.NON_FINITE,
+    "bad_shape": Reason.BAD_SHAPE,
+    "digest_mismatch": Reason.DIGEST_MISMATCH,
+}
+
+
+def encode_message(message: Message) -> bytes:
+    return encode(message.model_dump(mode="python"))
+
+
+@overload
+def decode_message(payload: bytes | bytearray | memoryview, expect: type[M], limits: DecodeLimits = ...) -> M: ...
+@overload
+def decode_message(payload: bytes | bytearray | memoryview, expect: None = None, limits: DecodeLimits = ...) -> Message: ...
+
+
+def decode_message(
+    payload: bytes | bytearray | memoryview,
+    expect: type[Message] | None = None,
+    limits: DecodeLimits = DEFAULT_LIMITS,
+) -> Message:
+    """Decode and validate one message; ``expect`` restricts which kind is acceptable.
+
+    Raises only :class:`ProtocolError`.
+    """
+    obj = decode(payload, limits)
+    if not isinstance(obj, dict):
+        raise ProtocolError(Reason.SCHEMA, f"top level is {type(obj).__name__}, expected a map")
+    if obj.get("v") != SCHEMA_VERSION:
+        raise ProtocolError(Reason.UNSUPPORTED_VERSION, f"schema version {obj.get('v')!r}, expected {SCHEMA_VERSION}")
+    kind = obj.get("kind")
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError(Reason.SCHEMA, f"unknown message kind {kind!r}"[:120])
+    if expect is not None and cls is not expect:
+        raise ProtocolError(Reason.WRONG_KIND, f"got {kind}, expected {expect.model_fields['kind'].default}")
+    try:
+        return cls.model_validate(obj)
+    except ValidationError as exc:
+        raise _protocol_error(exc) from None
+
+
+def _protocol_error(exc: ValidationError) -> ProtocolError:
+    errors = exc.errors(include_url=False, include_input=False)
+    for error in errors:
+        reason = _REASON_BY_ERROR_TYPE.get(error["type"])
+        if reason is not None:
+            return ProtocolError(reason, _describe(error))
+    return ProtocolError(Reason.SCHEMA, f"{len(errors)} error(s), first: {_describe(errors[0])}")
+
+
+def _describe(error: dict) -> str:
+    location = ".".join(str(part) for part in error["loc"]) or "message"
+    return f"{location}: {error['msg']}"[:200]
