@@ -207,12 +207,15 @@ class RoundEngine:
         if open_round.announcement.task == "train":
             started = time.perf_counter()
             try:
-                self.strategy.aggregate(open_round.number, list(open_round.updates.values()))
+                dropped = self.strategy.aggregate(open_round.number, list(open_round.updates.values()))
             except AggregationError as exc:
                 log.error("round %d failed to aggregate: %s", open_round.number, exc)
                 self._finish_round(open_round, "failed", exc.reason, now)
                 return
             self.metrics.aggregation_duration.observe(time.perf_counter() - started)
+            for drop in dropped:
+                open_round.rejected += 1
+                self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
         self._finish_round(open_round, "completed", None, now)
 
     def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float) -> None:
@@ -239,9 +242,9 @@ class RoundEngine:
             self.next_round > self.settings.rounds and not self.settings.evaluate_final)
         self._save_checkpoint()
         self.open = None
-        self._publish_states()
         self._record(summary, stragglers, dropouts)
         if self.finished:
+            self._publish_states()  # the final model, for whoever fetches it
             self._publish_status("finished")
             log.info("run %s finished after round %d", self.run_id, summary.round)
 

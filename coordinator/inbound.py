@@ -41,7 +41,7 @@ class InboundFilter:
         try:
             parsed = self.engine.topics.parse(topic)
         except ProtocolError as exc:
-            self._reject("unknown", exc.reason.value, topic.split("/")[-1], exc.detail)
+            self.reject("unknown", exc.reason.value, topic.split("/")[-1], exc.detail)
             return
         self.metrics.bytes_received.labels(parsed.kind).inc(len(payload))
         self.metrics.messages_received.labels(parsed.kind).inc()
@@ -59,10 +59,10 @@ class InboundFilter:
         try:
             status = decode_message(payload, AgentStatus, _STATUS_LIMITS)
         except ProtocolError as exc:
-            self._reject("agent_status", exc.reason.value, parsed.agent_id, exc.detail)
+            self.reject("agent_status", exc.reason.value, parsed.agent_id, exc.detail)
             return
         if status.agent_id != parsed.agent_id:
-            self._reject("agent_status", RejectReason.TOPIC_MISMATCH.value, parsed.agent_id,
+            self.reject("agent_status", RejectReason.TOPIC_MISMATCH.value, parsed.agent_id,
                          f"status names {status.agent_id}")
             return
         previous = self.engine.registry.get(status.agent_id)
@@ -92,7 +92,7 @@ class InboundFilter:
             if open_round is not None:
                 open_round.rejected += 1
             self.metrics.updates.labels("rejected").inc()
-            self._reject("update", exc.reason.value, parsed.agent_id, exc.detail)
+            self.reject("update", exc.reason.value, parsed.agent_id, exc.detail)
             return
         self.engine.accept_update(message, size)
 
@@ -124,7 +124,7 @@ class InboundFilter:
         if update.task == "train":
             engine.strategy.check_update(update)
 
-    def _reject(self, kind: str, reason: str, sender: str, detail: str) -> None:
+    def reject(self, kind: str, reason: str, sender: str, detail: str) -> None:
         self.metrics.rejected.labels(kind, reason).inc()
         if (sender, reason) not in self._logged and len(self._logged) < _MAX_LOGGED:
             self._logged.add((sender, reason))

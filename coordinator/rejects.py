@@ -18,6 +18,8 @@ class RejectReason(str, Enum):
     WRONG_FAMILY = "wrong_family"
     STALE_BASE = "stale_base"
     MISSING_PAYLOAD = "missing_payload"
+    BAD_SHAPE = "bad_shape"
+    """Same label as the protocol's shape check: a layout outvoted in a bootstrap round."""
 
 
 class RejectedUpdate(Exception):

@@ -17,7 +17,8 @@ def select_agents(
     same agents for a round, and the choice does not depend on arrival order.
     """
     pool = sorted(available)
-    count = min(len(pool), max(minimum, math.ceil(fraction * len(pool))))
+    # Round away binary floating-point noise first: 0.07 * 100 is 7.000000000000001, not 7.
+    count = min(len(pool), max(minimum, math.ceil(round(fraction * len(pool), 9))))
     rng = np.random.default_rng([seed, round_number])
     chosen = rng.choice(len(pool), size=count, replace=False) if count else []
     return sorted(pool[i] for i in chosen)

@@ -122,7 +122,9 @@ class EdgeAgent:
                 self.coordinator = decode_message(payload, CoordinatorStatus, _SMALL)
             elif parsed.kind == "round" and payload:
                 self.announcement = decode_message(payload, RoundAnnouncement, _SMALL)
-            elif parsed.kind == "global_state":
+            elif parsed.kind == "global_state" and parsed.family == self.worker.family:
+                # Some brokers (amqtt) also replay other families' retained states on connect;
+                # states are keyed by round only, so a foreign one would shadow ours.
                 self._on_global_state(parsed.round, payload)  # type: ignore[arg-type]
         except ProtocolError as exc:
             log.warning("dropped a message on %s: %s", topic, exc)

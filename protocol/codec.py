@@ -138,7 +138,7 @@ def decode(payload: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAU
     if size == 0:
         raise ProtocolError(Reason.MALFORMED, "empty payload")
     try:
-        return msgpack.unpackb(
+        obj = msgpack.unpackb(
             payload,
             ext_hook=_ArrayDecoder(limits),
             raw=False,
@@ -155,3 +155,18 @@ def decode(payload: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAU
         # ValueError covers msgpack's ExtraData, FormatError, StackError and truncation,
         # and UnicodeDecodeError for invalid UTF-8 strings.
         raise ProtocolError(Reason.MALFORMED, f"{type(exc).__name__}: {exc}"[:200]) from None
+    _reject_timestamps(obj)
+    return obj
+
+
+def _reject_timestamps(obj: Any) -> None:
+    """msgpack decodes extension type -1 (its timestamp) itself, never calling ``ext_hook``."""
+    pending = [obj]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, msgpack.Timestamp):
+            raise ProtocolError(Reason.UNKNOWN_EXTENSION, "unknown msgpack extension type -1 (timestamp)")

@@ -9,11 +9,17 @@ import numpy as np
 
 
 def digest_arrays(groups: Iterable[tuple[str, Mapping[str, np.ndarray]]]) -> str:
-    """BLAKE2b-128 over group names, array names, dtypes, shapes and bytes, in order."""
+    """BLAKE2b-128 over group names, array names, dtypes, shapes and bytes, in order.
+
+    Arrays are digested as they travel (little-endian, C order, like the codec writes them),
+    so a digest computed before encoding matches the one computed after decoding.
+    """
     h = hashlib.blake2b(digest_size=16)
     for group, arrays in groups:
         h.update(f"[{group}]".encode())
         for name, array in arrays.items():
+            if array.dtype.byteorder == ">":
+                array = array.astype(array.dtype.newbyteorder("<"))
             contiguous = np.require(array, requirements="C")
             h.update(f"{name}:{contiguous.dtype.str}:{contiguous.shape};".encode())
             h.update(memoryview(contiguous).cast("B") if contiguous.size else b"")

@@ -19,7 +19,7 @@ TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status
 
 
 def check_identifier(value: str, what: str) -> str:
-    if not _IDENTIFIER.match(value):
+    if not _IDENTIFIER.fullmatch(value):
         raise ValueError(f"{what} {value!r} must be 1-64 of A-Z a-z 0-9 _ . - and start with a letter or digit")
     return value
 
@@ -79,10 +79,10 @@ class Topics:
             return ParsedTopic("coordinator_status")
         if rest == ["rounds", "current"]:
             return ParsedTopic("round")
-        if len(rest) == 3 and rest[0] == "agents" and rest[2] == "status" and _IDENTIFIER.match(rest[1]):
+        if len(rest) == 3 and rest[0] == "agents" and rest[2] == "status" and _IDENTIFIER.fullmatch(rest[1]):
             return ParsedTopic("agent_status", agent_id=rest[1])
-        if len(rest) == 3 and rest[0] == "updates" and _IDENTIFIER.match(rest[1]) and _ROUND.match(rest[2]):
+        if len(rest) == 3 and rest[0] == "updates" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2]):
             return ParsedTopic("update", agent_id=rest[1], round=int(rest[2]))
-        if len(rest) == 3 and rest[0] == "global" and _IDENTIFIER.match(rest[1]) and _ROUND.match(rest[2]):
+        if len(rest) == 3 and rest[0] == "global" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2]):
             return ParsedTopic("global_state", family=rest[1], round=int(rest[2]))
         raise ProtocolError(Reason.BAD_TOPIC, f"unknown topic {topic[:120]}")

@@ -17,6 +17,7 @@ M = TypeVar("M", bound=Message)
 # Custom validation error types raised inside the models that have a reason of their own.
 _REASON_BY_ERROR_TYPE = {
     "non_finite": Reason.NON_FINITE,
+    "finite_number": Reason.NON_FINITE,  # pydantic's error for a NaN or Inf float field
     "bad_shape": Reason.BAD_SHAPE,
     "digest_mismatch": Reason.DIGEST_MISMATCH,
 }

@@ -64,14 +64,13 @@ class Strategy(ABC):
     def __init__(self, aggregator: Aggregator) -> None:
         self.aggregator = aggregator
         self.states: dict[str, FamilyState] = {}
-        self._bootstrap_layouts: dict[str, dict[str, tuple[tuple[int, ...], str]]] = {}
 
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:
         """Algorithm hyper-parameters announced with the round."""
         return {}
 
     def begin_round(self, round_number: int) -> None:
-        self._bootstrap_layouts.clear()
+        """Called when a round opens, before any of its updates is checked."""
 
     def check_update(self, update: Update) -> None:
         """Raise unless ``update`` carries what this round asked of its family."""
@@ -88,18 +87,44 @@ class Strategy(ABC):
     def _check_bootstrap(self, update: Update) -> None:
         if not update.weights:
             raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
-        expected = self._bootstrap_layouts.setdefault(update.family, layout_of(update.weights))
-        check_layout(update.weights, expected, "bootstrap weights")
 
     @abstractmethod
-    def aggregate(self, round_number: int, updates: Sequence[Update]) -> None:
-        """Turn one round's accepted updates into ``states`` for round ``round_number + 1``."""
+    def aggregate(self, round_number: int, updates: Sequence[Update]) -> list[Dropped]:
+        """Turn one round's accepted updates into ``states`` for round ``round_number + 1``.
+
+        Returns the updates it had to leave out, and why.
+        """
 
     def state_dict(self) -> dict[str, Any]:
         return {"families": {f: s.to_dict() for f, s in self.states.items()}}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         self.states = {f: FamilyState.from_dict(s) for f, s in data["families"].items()}
+
+
+@dataclass(frozen=True)
+class Dropped:
+    agent_id: str
+    reason: RejectReason
+    detail: str
+
+
+def majority_layout(updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
+    """Keep the updates whose ``payload`` arrays share the most common layout.
+
+    Bootstrap rounds have no global state to check shapes against, so one broken or hostile
+    agent must not define the model: the layout sent by most agents (then by most samples,
+    then the first) wins, and the others are dropped.
+    """
+    groups: dict[tuple, list[Update]] = {}
+    for update in updates:
+        key = tuple(sorted((name, shape, dtype) for name, (shape, dtype) in layout_of(getattr(update, payload)).items()))
+        groups.setdefault(key, []).append(update)
+    best = max(groups.values(), key=lambda g: (len(g), sum(u.num_samples for u in g)))
+    kept = {id(u) for u in best}
+    dropped = [Dropped(u.agent_id, RejectReason.BAD_SHAPE, f"{payload} layout differs from the majority's")
+               for u in updates if id(u) not in kept]
+    return best, dropped
 
 
 def group_by_family(updates: Sequence[Update]) -> dict[str, list[Update]]:

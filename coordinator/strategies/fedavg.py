@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from coordinator.aggregators import Aggregator
-from coordinator.strategies.base import FamilyState, Strategy, group_by_family
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, majority_layout
 from protocol.messages import Update
 
 
@@ -29,13 +29,17 @@ class FedAvg(Strategy):
         super().__init__(aggregator)
         self.server_learning_rate = server_learning_rate
 
-    def aggregate(self, round_number: int, updates: Sequence[Update]) -> None:
+    def aggregate(self, round_number: int, updates: Sequence[Update]) -> list[Dropped]:
+        dropped: list[Dropped] = []
         for family, group in group_by_family(updates).items():
-            weights = [float(u.num_samples) for u in group]
             state = self.states.get(family)
             if state is None:
-                merged = self.aggregator([u.weights for u in group], weights)
+                group, left_out = majority_layout(group, "weights")
+                dropped += left_out
+                merged = self.aggregator([u.weights for u in group], [float(u.num_samples) for u in group])
             else:
+                weights = [float(u.num_samples) for u in group]
                 mean_delta = self.aggregator([u.delta for u in group], weights)
                 merged = apply_delta(state.weights, mean_delta, self.server_learning_rate)
             self.states[family] = FamilyState(round=round_number + 1, weights=merged)
+        return dropped

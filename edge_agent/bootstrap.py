@@ -1,0 +1,40 @@
+"""Build a ready-to-run agent from its settings: the one path used by the CLI and the launcher."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from edge_agent.agent import EdgeAgent
+from edge_agent.config import AgentSettings
+from edge_agent.data.local import build_local_data
+from edge_agent.profiles import get_profile
+from edge_agent.state import AgentStateDir
+from edge_agent.worker import LocalWorker
+
+log = logging.getLogger(__name__)
+
+
+def build_agent(settings: AgentSettings, *, set_threads: bool = True) -> EdgeAgent:
+    """``set_threads=False`` leaves torch's thread count alone (several agents in one process)."""
+    profile = get_profile(settings.device)
+    threads = settings.threads if settings.threads is not None else profile.threads
+    if set_threads and threads:
+        torch.set_num_threads(threads)
+    state = AgentStateDir(settings.state_dir)
+    agent_id = settings.agent_id or state.agent_id(settings.device)
+    data = build_local_data(
+        settings.data, partition=settings.partition, num_partitions=settings.num_partitions,
+        partition_index=settings.partition_index, alpha=settings.alpha, min_size=settings.min_size,
+        classes_per_client=settings.classes_per_client, data_seed=settings.data_seed,
+        eval_fraction=settings.eval_fraction,
+    )
+    family = settings.family or profile.family
+    device = profile.torch_device()
+    worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state)
+    log.info("agent %s: device %s, family %s on %s, %d train / %d held-out samples",
+             agent_id, profile.name, family, device, len(data.train), len(data.held_out))
+    return EdgeAgent(agent_id, settings.federation, settings.broker_address(), profile, worker, state,
+                     heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
+                     exit_when_finished=settings.exit_when_finished)

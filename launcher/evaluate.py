@@ -1,0 +1,82 @@
+"""Central evaluation after a run: each family's final global model on the held-back test set.
+
+The agents only ever see their partitions of the training pool; the test split that
+``load_dataset`` returns next to it is touched by no one during the run, so this is the
+honest number to quote.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from coordinator.checkpoint import CheckpointStore
+
+
+@dataclass(frozen=True)
+class FamilyEvaluation:
+    family: str
+    accuracy: float
+    loss: float
+    agents: int
+    """Agents of the fleet that train this family (the weight in the overall figure)."""
+    trained_rounds: int
+    """Round the global state is for, minus one: how many aggregations it has been through."""
+
+
+@dataclass(frozen=True)
+class CentralEvaluation:
+    families: dict[str, FamilyEvaluation]
+    overall_accuracy: float | None
+    """Mean over agents: each agent scored with its family's global model (weights = agents per family)."""
+    test_samples: int
+    dataset: str
+    missing: list[str]
+    """Families the fleet trains that have no global model in the checkpoint (never aggregated)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["overall_weighting"] = "mean over agents (family accuracy weighted by its number of agents)"
+        return data
+
+
+def load_family_weights(state_dir: Path) -> dict[str, tuple[int, dict[str, Any]]]:
+    """{family: (round, weights)} from the coordinator's checkpoint; empty if there is none."""
+    saved = CheckpointStore(Path(state_dir)).load("checkpoint")
+    if saved is None:
+        return {}
+    families = saved["strategy"]["families"]
+    return {name: (int(state["round"]), state["weights"]) for name, state in families.items()}
+
+
+def central_evaluation(state_dir: Path, agent_families: list[str], *, data: str = "digits",
+                       data_seed: int = 0) -> CentralEvaluation:
+    """Evaluate every family's global model from ``state_dir`` on the test split of ``data``.
+
+    ``agent_families`` lists each agent's family (one entry per agent) for the overall figure.
+    """
+    import torch  # only here: the launcher's other parts stay light
+
+    from edge_agent.data.datasets import load_dataset
+    from edge_agent.models import build_model
+    from edge_agent.training import evaluate
+    from edge_agent.weights import set_arrays
+
+    _, test = load_dataset(data, seed=data_seed)
+    counts = Counter(agent_families)
+    device = torch.device("cpu")
+    results: dict[str, FamilyEvaluation] = {}
+    for family, (round_number, weights) in sorted(load_family_weights(state_dir).items()):
+        model = build_model(family, test.in_shape, test.num_classes, seed=0)  # the seed is overwritten below
+        set_arrays(model, weights)
+        scored = evaluate(model, test, device)
+        results[family] = FamilyEvaluation(family, scored.accuracy, scored.loss, counts.get(family, 0),
+                                           max(round_number - 1, 0))
+    weighted = [(r.accuracy, r.agents) for r in results.values() if r.agents]
+    total_agents = sum(counts.values())
+    missing = sorted(set(counts) - set(results))
+    # A family without a model scores nothing for its agents: count them as 0, not silently skip them.
+    overall = sum(a * n for a, n in weighted) / total_agents if total_agents and weighted else None
+    return CentralEvaluation(results, overall, len(test), test.name, missing)

@@ -1,0 +1,249 @@
+"""Start, stop, kill and restart a coordinator and N edge agents as separate processes.
+
+Each process runs its package's CLI (``python -m coordinator run``, ``python -m edge_agent run``)
+with settings passed as ``--flags``, has its own state directory under the run directory, and
+logs to a file there. Nothing here imports the coordinator or the agent: they only meet on
+the broker, as they would on real devices.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEVICES = ("jetson", "rpi", "phone")
+FAMILY_OF = {"jetson": "cnn_large", "rpi": "cnn_small", "phone": "mlp_tiny", "cpu": "cnn_large"}
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    """Agent id on the wire and name of its state directory."""
+    device: str
+    partition_index: int
+
+    @property
+    def family(self) -> str:
+        return FAMILY_OF[self.device]
+
+
+@dataclass
+class FleetSpec:
+    agents: list[AgentSpec]
+    data: str = "digits"
+    partition: str = "dirichlet"
+    alpha: float = 1.0
+    data_seed: int = 0
+    threads: int = 1
+    """torch threads per agent: several agents share few cores, so more only thrashes."""
+    agent_settings: dict[str, Any] = field(default_factory=dict)
+    """Further edge-agent settings (field name -> value), passed as flags."""
+
+
+def default_fleet(count: int, devices: Iterable[str] = DEVICES) -> list[AgentSpec]:
+    """``count`` agents cycling through ``devices``; agent i holds partition i."""
+    kinds = list(devices)
+    return [AgentSpec(f"{kinds[i % len(kinds)]}-{i}", kinds[i % len(kinds)], i) for i in range(count)]
+
+
+def as_flags(settings: Mapping[str, Any]) -> list[str]:
+    """``{"local_epochs": 5, "exit_when_finished": True}`` -> ``["--local-epochs", "5", "--exit-when-finished"]``."""
+    flags: list[str] = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + name.replace("_", "-"))
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the launcher dies, so no agent outlives a crashed demo (Linux only)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class ManagedProcess:
+    """One child process with a log file; start it again with the same command after a stop or kill."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = dict(env or os.environ)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> ManagedProcess:
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running (pid {self.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log_file:
+            # Own session: a Ctrl-C in the terminal reaches only the launcher, which then stops
+            # the children in order (agents first) instead of all of them racing to exit.
+            self.process = subprocess.Popen(
+                self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env,
+                start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        self.starts += 1
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """The exit code, or None if still running after ``timeout_s``."""
+        if self.process is None:
+            return None
+        try:
+            return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def terminate(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM (a clean stop: the agent says it is offline), then SIGKILL after ``timeout_s``."""
+        if not self.running:
+            return self.returncode
+        assert self.process is not None
+        self.process.terminate()
+        code = self.wait(timeout_s)
+        return code if code is not None else self.kill()
+
+    def kill(self) -> int | None:
+        """SIGKILL: like pulling the plug; the broker publishes the last will."""
+        if self.running:
+            assert self.process is not None
+            self.process.kill()
+        return self.wait(10.0)
+
+    def restart(self, timeout_s: float = 10.0) -> ManagedProcess:
+        self.terminate(timeout_s)
+        return self.start()
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class Fleet:
+    """A coordinator and its agents, all talking to ``broker_url``, with state under ``run_dir``."""
+
+    def __init__(self, run_dir: Path, broker_url: str, spec: FleetSpec, coordinator_settings: Mapping[str, Any],
+                 *, federation: str = "demo", python: str = sys.executable) -> None:
+        self.run_dir = Path(run_dir)
+        self.broker_url = broker_url
+        self.spec = spec
+        self.federation = federation
+        self.python = python
+        base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.coordinator = ManagedProcess(
+            "coordinator", self._coordinator_argv(coordinator_settings), self.coordinator_dir / "coordinator.log",
+            base_env)
+        # Thread caps for the BLAS/OpenMP pools torch starts before --threads is applied.
+        agent_env = {**base_env, "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)}
+        self.agents: dict[str, ManagedProcess] = {
+            agent.name: ManagedProcess(agent.name, self._agent_argv(agent), self.agent_dir(agent.name) / "agent.log",
+                                       agent_env)
+            for agent in spec.agents
+        }
+
+    # -- layout ----------------------------------------------------------------------------
+    @property
+    def coordinator_dir(self) -> Path:
+        return self.run_dir / "coordinator"
+
+    def agent_dir(self, name: str) -> Path:
+        return self.run_dir / "agents" / name
+
+    @property
+    def rounds_path(self) -> Path:
+        return self.coordinator_dir / "rounds.jsonl"
+
+    # -- commands --------------------------------------------------------------------------
+    def _coordinator_argv(self, settings: Mapping[str, Any]) -> list[str]:
+        merged = {
+            "federation": self.federation, "broker_url": self.broker_url, "state_dir": self.coordinator_dir,
+            "http_host": "127.0.0.1", "http_port": 0,  # port 0: several demos may run side by side
+            "exit_when_finished": True, **settings,
+        }
+        return [self.python, "-m", "coordinator", "run", *as_flags(merged)]
+
+    def _agent_argv(self, agent: AgentSpec) -> list[str]:
+        s = self.spec
+        shared = s.partition == "none" or len(s.agents) == 1  # every agent trains on the whole pool
+        merged = {
+            "federation": self.federation, "broker_url": self.broker_url, "device": agent.device,
+            "agent_id": agent.name, "state_dir": self.agent_dir(agent.name), "data": s.data,
+            "partition": "none" if shared else s.partition,
+            "num_partitions": 1 if shared else len(s.agents),
+            "partition_index": 0 if shared else agent.partition_index,
+            "alpha": s.alpha, "data_seed": s.data_seed, "threads": s.threads, "exit_when_finished": True,
+            **s.agent_settings,
+        }
+        return [self.python, "-m", "edge_agent", "run", *as_flags(merged)]
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Coordinator first, so its retained status and first round wait for agents as they come."""
+        self.coordinator.start()
+        for agent in self.agents.values():
+            agent.start()
+
+    def processes(self) -> list[ManagedProcess]:
+        return [self.coordinator, *self.agents.values()]
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Terminate everything still running: agents first, then the coordinator."""
+        agents = [a for a in self.agents.values() if a.running]
+        for agent in agents:
+            assert agent.process is not None
+            agent.process.terminate()
+        deadline = time.monotonic() + timeout_s
+        for agent in agents:
+            if agent.wait(max(0.1, deadline - time.monotonic())) is None:
+                agent.kill()
+        self.coordinator.terminate(timeout_s)
+
+    def kill_all(self) -> None:
+        for process in self.processes():
+            process.kill()
+
+    def kill_agent(self, name: str) -> int | None:
+        return self.agents[name].kill()
+
+    def restart_agent(self, name: str) -> ManagedProcess:
+        return self.agents[name].restart()
+
+    def kill_coordinator(self) -> int | None:
+        return self.coordinator.kill()
+
+    def restart_coordinator(self) -> ManagedProcess:
+        return self.coordinator.restart()
+
+    def failures(self) -> list[ManagedProcess]:
+        """Processes that exited with a non-zero code."""
+        return [p for p in self.processes() if p.returncode not in (None, 0)]

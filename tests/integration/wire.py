@@ -1,0 +1,101 @@
+"""Test helpers that look at the system from outside: the wire, the metrics, the files."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from prometheus_client.parser import text_string_to_metric_families
+
+from protocol.mqtt import BrokerAddress
+
+
+@dataclass(frozen=True)
+class Seen:
+    topic: str
+    payload: bytes
+    retained: bool
+    at: float
+
+
+class WireRecorder:
+    """An independent MQTT subscriber that records every message on ``topic_filter``."""
+
+    def __init__(self, url: str, topic_filter: str, client_id: str = "wire-recorder") -> None:
+        address = BrokerAddress.parse(url)
+        self.address = address
+        self.topic_filter = topic_filter
+        self.messages: list[Seen] = []
+        self._lock = threading.Lock()
+        self._subscribed = threading.Event()
+        self._client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id,
+                                   protocol=paho.MQTTv311)
+        self._client.max_inflight_messages_set(1000)
+        self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic_filter, qos=1)
+        self._client.on_subscribe = lambda c, u, mid, rcs, p: self._subscribed.set()
+        self._client.on_message = self._on_message
+
+    def _on_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
+        with self._lock:
+            self.messages.append(Seen(message.topic, bytes(message.payload), bool(message.retain), time.monotonic()))
+
+    def start(self, timeout_s: float = 10.0) -> WireRecorder:
+        self._client.connect(self.address.host, self.address.port)
+        self._client.loop_start()
+        if not self._subscribed.wait(timeout_s):
+            raise TimeoutError(f"could not subscribe to {self.topic_filter} on {self.address}")
+        return self
+
+    def stop(self) -> None:
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def snapshot(self, predicate: Callable[[Seen], bool] = lambda s: True) -> list[Seen]:
+        with self._lock:
+            return [m for m in self.messages if predicate(m)]
+
+
+def retained_messages(url: str, topic_filter: str, settle_s: float = 1.0) -> dict[str, bytes]:
+    """What a client connecting now receives as retained on ``topic_filter``."""
+    recorder = WireRecorder(url, topic_filter, client_id="retained-reader")
+    recorder.start()
+    time.sleep(settle_s)
+    recorder.stop()
+    return {m.topic: m.payload for m in recorder.snapshot(lambda s: s.retained)}
+
+
+def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Prometheus samples of an HTTP /metrics endpoint: (name, labels) -> value."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def read_rounds(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")

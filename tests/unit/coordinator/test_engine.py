@@ -1,0 +1,219 @@
+"""The round engine driven directly: fake clock, an outbox that records, no broker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from coordinator.checkpoint import CheckpointStore
+from coordinator.config import CoordinatorSettings
+from coordinator.engine import RoundEngine
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.strategies import build_strategy
+from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.topics import Topics
+from protocol.wire import decode_message, encode_message
+
+TOPICS = Topics("t")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Outbox:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, bool]] = []
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None:
+        self.sent.append((topic, payload, retain))
+
+    def last(self, topic: str) -> bytes:
+        return [p for t, p, _ in self.sent if t == topic][-1]
+
+
+def make_engine(tmp_path: Path, clock: Clock, **overrides: object) -> tuple[RoundEngine, Outbox, CoordinatorMetrics]:
+    fields: dict[str, object] = {"federation": "t", "state_dir": tmp_path / "state", "rounds": 3,
+                                 "min_available_agents": 2, "min_fit_agents": 2, "round_deadline_s": 10.0,
+                                 "quorum_fraction": 0.5, **overrides}
+    settings = CoordinatorSettings(**fields)
+    metrics = CoordinatorMetrics(CollectorRegistry())
+    outbox = Outbox()
+    engine = RoundEngine(settings, build_strategy(settings), outbox, CheckpointStore(settings.state_dir), metrics,
+                         clock=clock, wall_clock=clock)
+    engine.restore()
+    engine.on_connection(True)
+    return engine, outbox, metrics
+
+
+def hello(engine: RoundEngine, agent_id: str, family: str = "f") -> None:
+    status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
+                         num_eval_samples=2, version="t", timestamp=0.0)
+    engine.on_message(TOPICS.agent_status(agent_id), encode_message(status))
+
+
+def weights(value: float) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 3), value, dtype=np.float32), "b": np.full(3, value, dtype=np.float32)}
+
+
+def update(engine: RoundEngine, agent_id: str, round_number: int, samples: int = 10, **payload: object) -> Update:
+    announcement = decode_message(engine.outbox.last(TOPICS.rounds_current), RoundAnnouncement)  # type: ignore[attr-defined]
+    ref = announcement.states.get("f")
+    fields: dict[str, object] = {"weights": weights(1.0)} if ref is None else {"delta": weights(0.5)}
+    fields.update(payload)
+    return Update(run_id=engine.run_id, agent_id=agent_id, round=round_number, task=announcement.task, family="f",
+                  base_digest=ref.digest if ref else None, num_samples=samples,
+                  metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2), **fields)
+
+
+def send(engine: RoundEngine, message: Update, topic_agent: str | None = None, topic_round: int | None = None) -> None:
+    engine.on_message(TOPICS.update(topic_agent or message.agent_id, message.round if topic_round is None else topic_round),
+                      encode_message(message))
+
+
+def rejected(metrics: CoordinatorMetrics, reason: str, kind: str = "update") -> float:
+    return metrics.registry.get_sample_value("fl_messages_rejected_total", {"kind": kind, "reason": reason}) or 0.0
+
+
+def test_waits_for_enough_agents_then_announces(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, _ = make_engine(tmp_path, clock)
+    hello(engine, "a")
+    engine.tick()
+    assert engine.open is None
+    hello(engine, "b")
+    engine.tick()
+    assert engine.open is not None and engine.open.number == 1
+    announcement = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert announcement.selected == ["a", "b"] and announcement.states == {}
+
+
+def test_full_round_aggregates_and_publishes_the_new_state(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1, samples=10, weights=weights(1.0)))
+    send(engine, update(engine, "b", 1, samples=30, weights=weights(3.0)))
+    engine.tick()  # everyone answered: closes without waiting for the deadline
+    assert engine.history[-1].outcome == "completed"
+    engine.tick()  # opens round 2 and publishes the aggregated state
+    state = decode_message(outbox.last(TOPICS.global_state("f", 2)), GlobalState)
+    np.testing.assert_allclose(state.weights["w"], 2.5)  # (10 * 1 + 30 * 3) / 40
+    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "completed"}) == 1
+
+
+def test_bad_updates_are_dropped_and_counted_by_reason(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, _, metrics = make_engine(tmp_path, clock)
+    for agent_id in ("a", "b", "c", "d"):
+        hello(engine, agent_id)
+    engine.tick()
+    engine.open.announcement.selected.remove("d")  # d is known but not selected  # type: ignore[union-attr]
+    good = update(engine, "a", 1)
+
+    engine.on_message(TOPICS.update("a", 1), b"\xc1 not msgpack")
+    send(engine, update(engine, "ghost", 1))
+    send(engine, update(engine, "d", 1))
+    send(engine, update(engine, "a", 7))
+    send(engine, update(engine, "a", 0), topic_round=0)
+    send(engine, good, topic_agent="b")
+    send(engine, good.model_copy(update={"run_id": "other"}))
+    nan = encode_message(good).replace(np.float32(1.0).tobytes(), np.float32("nan").tobytes(), 1)
+    engine.on_message(TOPICS.update("a", 1), nan)
+    send(engine, good)
+    send(engine, good)
+    assert {reason: rejected(metrics, reason) for reason in (
+        "malformed", "unknown_agent", "unselected", "wrong_round", "late", "topic_mismatch", "wrong_run",
+        "non_finite", "duplicate")} == {
+        "malformed": 1, "unknown_agent": 1, "unselected": 1, "wrong_round": 1, "late": 1, "topic_mismatch": 1,
+        "wrong_run": 1, "non_finite": 1, "duplicate": 1}
+    assert list(engine.open.updates) == ["a"]  # type: ignore[union-attr]
+    assert metrics.registry.get_sample_value("fl_updates_total", {"outcome": "rejected"}) == 9
+
+
+def test_a_bootstrap_layout_outvoted_by_the_majority_is_dropped(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock)
+    for agent_id in ("a", "b", "c"):
+        hello(engine, agent_id)
+    engine.tick()
+    send(engine, update(engine, "a", 1, weights={"w": np.zeros((3, 3), np.float32)}, samples=1000))  # first, odd
+    send(engine, update(engine, "b", 1))
+    send(engine, update(engine, "c", 1))
+    engine.tick()
+    assert engine.history[-1].outcome == "completed"
+    assert rejected(metrics, "bad_shape") == 1
+    assert engine.strategy.states["f"].weights["w"].shape == (2, 3)
+
+
+def test_deadline_closes_with_quorum_and_counts_stragglers(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, _, metrics = make_engine(tmp_path, clock)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1))
+    clock.now += 9.9
+    engine.tick()
+    assert engine.open is not None
+    clock.now += 0.2
+    engine.tick()
+    closed = engine.history[-1]
+    assert (closed.outcome, closed.answered, closed.stragglers) == ("completed", 1, 1)
+    send(engine, update(engine, "b", 1))
+    assert rejected(metrics, "late") == 1
+
+
+def test_missed_quorum_closes_the_round_and_moves_on(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, _, metrics = make_engine(tmp_path, clock, quorum_fraction=1.0)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1))
+    clock.now += 11
+    engine.tick()
+    assert engine.history[-1].outcome == "quorum_missed"
+    assert engine.strategy.states == {}  # nothing aggregated
+    engine.tick()
+    assert engine.open is not None and engine.open.number == 2
+    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "quorum_missed"}) == 1
+
+
+def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, _, _ = make_engine(tmp_path, clock)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick()
+    engine.tick()  # round 2 is open when the process "dies"
+    digest = engine.strategy.states["f"].digest
+
+    again, outbox, _ = make_engine(tmp_path, clock)
+    assert again.run_id == engine.run_id
+    assert again.open is not None and again.open.number == 2  # deadline not passed: same round continues
+    assert again.strategy.states["f"].digest == digest
+    assert [s.round for s in again.history] == [1]
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).round == 2
+
+    clock.now += 60  # restarted after the deadline: the round is closed as interrupted, numbers move on
+    third, _, _ = make_engine(tmp_path, clock)
+    assert third.history[-1].outcome == "interrupted" and third.next_round == 3 and third.open is None
+
+
+def test_a_different_algorithm_refuses_the_checkpoint(tmp_path: Path) -> None:
+    clock = Clock()
+    make_engine(tmp_path, clock)
+    store = CheckpointStore(tmp_path / "state")
+    data = store.load("checkpoint")
+    assert data is not None
+    store.save("checkpoint", {k: v for k, v in data.items() if k != "format"} | {"algorithm": "scaffold"})
+    with pytest.raises(ValueError, match="scaffold run"):
+        make_engine(tmp_path, clock)

@@ -1,0 +1,26 @@
+"""bench/codec.py --quick runs and prints its table; timings are not asserted (DESIGN.md)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_codec_bench_quick_prints_its_table() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "codec.py"), "--quick"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    out = result.stdout
+    assert re.search(r"^size\s+operation\s+median ms\s+MB/s", out, re.MULTILINE), out
+    for operation in ("encode  ours", "encode  pickle", "arr.tobytes()", "np.copy(arr)", "decode  ours",
+                      "decode  pickle"):
+        assert re.search(rf"^\s+1M\s+\S*\s*{re.escape(operation)}.*\d", out, re.MULTILINE), (operation, out)
+    assert " 10M " not in out, "--quick measures 1M parameters only"
+    verdicts = re.findall(r"^(PASS|MISS)\s+1M: (decode|encode)", out, re.MULTILINE)
+    assert sorted(kind for _, kind in verdicts) == ["decode", "encode"], out
