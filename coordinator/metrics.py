@@ -11,6 +11,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from coordinator.rejects import RejectReason
+from protocol.errors import Reason
 from protocol.version import SOFTWARE_VERSION
 
 KNOWN_DEVICES = ("jetson", "rpi", "phone", "cpu")
@@ -18,6 +20,13 @@ ROUND_OUTCOMES = ("completed", "quorum_missed", "failed", "interrupted")
 ROUND_AGENT_STATES = ("selected", "answered", "straggling", "dropped")
 UPDATE_OUTCOMES = ("accepted", "rejected")
 MAX_FAMILY_LABELS = 16
+
+# Every (kind, reason) the inbound filter can count, so the first drop of each shows in increase().
+_REJECT_LABELS = {
+    "update": sorted({r.value for r in Reason} | {r.value for r in RejectReason}),
+    "agent_status": sorted({r.value for r in Reason} | {RejectReason.TOPIC_MISMATCH.value}),
+    "unknown": [Reason.BAD_TOPIC.value],
+}
 
 _ROUND_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 _AGGREGATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -87,6 +96,9 @@ class CoordinatorMetrics:
             self.round_agents.labels(state)
         for outcome in UPDATE_OUTCOMES:
             self.updates.labels(outcome)
+        for kind, reasons in _REJECT_LABELS.items():
+            for reason in reasons:
+                self.rejected.labels(kind, reason)
         self._last_checkpoint: float | None = None
         self.checkpoint_age.set_function(self._checkpoint_age)
         self._families: set[str] = set()

@@ -34,6 +34,9 @@ def test_known_outcomes_are_exported_before_the_first_round() -> None:
     for outcome in ROUND_OUTCOMES:
         assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": outcome}) == 0
     assert metrics.registry.get_sample_value("fl_updates_total", {"outcome": "rejected"}) == 0
+    for kind, reason in (("update", "malformed"), ("update", "late"), ("agent_status", "schema"),
+                         ("unknown", "bad_topic")):
+        assert metrics.registry.get_sample_value("fl_messages_rejected_total", {"kind": kind, "reason": reason}) == 0
 
 
 def test_progress_gauges_follow_the_run(tmp_path: Path) -> None:
