@@ -222,3 +222,15 @@ def test_chart_files_match_their_sources() -> None:
     assert acl == (REPO / "deploy" / "mosquitto" / "acl").read_text(), hint
     renamed = render({"broker": {"username": "coord-7"}}).get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"]
     assert "\nuser coord-7\n" in renamed and "\nuser coordinator\n" not in renamed
+
+
+def test_the_packaged_chart_renders_like_the_directory(tmp_path: Path) -> None:
+    """`helm package`: the archive carries files/ (dashboards, rules, ACL) and leaves ci/ out."""
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as chart:
+        names = {f["name"] for f in chart.files}
+        packaged = chart.render(values={"broker": {"password": "p"}}, name="fl", namespace=NAMESPACE)
+    assert "files/alerts.yaml" in names and not any(n.startswith("ci/") for n in names)
+    with helm.Chart.load(CHART) as chart:
+        directory = chart.render(values={"broker": {"password": "p"}}, name="fl", namespace=NAMESPACE)
+    assert packaged == directory
