@@ -82,6 +82,8 @@ class RoundEngine:
         """Resume from the checkpoint if there is one; otherwise start a new run."""
         self._restore()
         m = self.metrics
+        m.info.info({"version": SOFTWARE_VERSION, "federation": self.settings.federation,
+                     "algorithm": self.strategy.algorithm})
         m.rounds_planned.set(self.settings.rounds)
         m.round_deadline.set(self.settings.round_deadline_s)
         m.current_round.set(self.open.number if self.open else max(self.next_round - 1, 0))

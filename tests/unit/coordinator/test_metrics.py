@@ -7,6 +7,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from coordinator.metrics import ROUND_OUTCOMES, CoordinatorMetrics
+from protocol.version import SOFTWARE_VERSION
 from tests.unit.coordinator.test_engine import Clock, hello, make_engine, send, update
 
 UNBOUNDED_LABELS = {"agent", "agent_id", "client_id", "run_id", "topic", "session"}
@@ -44,6 +45,7 @@ def test_progress_gauges_follow_the_run(tmp_path: Path) -> None:
     engine, _, metrics = make_engine(tmp_path, clock, rounds=1, evaluate_final=False, round_deadline_s=10.0)
     value = metrics.registry.get_sample_value
     assert value("fl_rounds_planned") == 1
+    assert value("fl_coordinator_info", {"version": SOFTWARE_VERSION, "federation": "t", "algorithm": "fedavg"}) == 1
     assert value("fl_round_deadline_seconds") == 10.0
     assert value("fl_run_finished") == 0
     assert value("fl_last_progress_timestamp_seconds") == clock.now
