@@ -74,7 +74,7 @@ def test_every_container_is_locked_down(values_file: Path | None) -> None:
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-        assert pod["automountServiceAccountToken"] is False
+        assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
         for c in pod["containers"] + pod.get("initContainers", []):
             sc = c["securityContext"]
             assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["capabilities"]["drop"]) == (
