@@ -80,6 +80,17 @@ class RoundEngine:
     # -- start-up --------------------------------------------------------------------
     def restore(self) -> None:
         """Resume from the checkpoint if there is one; otherwise start a new run."""
+        self._restore()
+        m = self.metrics
+        m.info.info({"version": SOFTWARE_VERSION, "federation": self.settings.federation,
+                     "algorithm": self.strategy.algorithm})
+        m.rounds_planned.set(self.settings.rounds)
+        m.round_deadline.set(self.settings.round_deadline_s)
+        m.current_round.set(self.open.number if self.open else max(self.next_round - 1, 0))
+        m.run_finished.set(1 if self.finished else 0)
+        m.progressed(self.wall_clock())
+
+    def _restore(self) -> None:
         saved = self.store.load(CHECKPOINT)
         if saved is None:
             self.run_id = secrets.token_hex(6)
@@ -192,6 +203,8 @@ class RoundEngine:
         self.metrics.current_round.set(number)
         self.metrics.round_deadline.set(s.round_deadline_s)
         self.metrics.agents_selected.inc(len(selected))
+        self.metrics.round_quorum.set(self.open.quorum(s.quorum_fraction, s.min_updates))
+        self.metrics.progressed(self.wall_clock())
         log.info("round %d (%s): selected %d of %d agents, deadline %.0fs",
                  number, task, len(selected), len(available), s.round_deadline_s)
 
@@ -260,6 +273,8 @@ class RoundEngine:
         m.dropouts.inc(summary.dropouts)
         m.round_bytes.labels("in").set(summary.bytes_in)
         m.round_bytes.labels("out").set(summary.bytes_out)
+        m.run_finished.set(1 if self.finished else 0)
+        m.progressed(summary.closed_at)
         if summary.accuracy is not None and summary.loss is not None:
             m.accuracy.labels("all").set(summary.accuracy)
             m.loss.labels("all").set(summary.loss)

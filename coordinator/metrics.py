@@ -11,10 +11,22 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from coordinator.rejects import RejectReason
+from protocol.errors import Reason
 from protocol.version import SOFTWARE_VERSION
 
 KNOWN_DEVICES = ("jetson", "rpi", "phone", "cpu")
+ROUND_OUTCOMES = ("completed", "quorum_missed", "failed", "interrupted")
+ROUND_AGENT_STATES = ("selected", "answered", "straggling", "dropped")
+UPDATE_OUTCOMES = ("accepted", "rejected")
 MAX_FAMILY_LABELS = 16
+
+# Every (kind, reason) the inbound filter can count, so the first drop of each shows in increase().
+_REJECT_LABELS = {
+    "update": sorted({r.value for r in Reason} | {r.value for r in RejectReason}),
+    "agent_status": sorted({r.value for r in Reason} | {RejectReason.TOPIC_MISMATCH.value}),
+    "unknown": [Reason.BAD_TOPIC.value],
+}
 
 _ROUND_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 _AGGREGATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -68,6 +80,25 @@ class CoordinatorMetrics:
                                      registry=r)
         self.checkpoint_age = Gauge("fl_checkpoint_age_seconds", "Seconds since the last checkpoint", registry=r)
         self.checkpoint_bytes = Gauge("fl_checkpoint_bytes", "Size of the last checkpoint", registry=r)
+        # For operators and alerts: how far the run is, and whether it is moving at all.
+        self.run_finished = Gauge("fl_run_finished", "1 once the run has finished (training and evaluation)",
+                                  registry=r)
+        self.rounds_planned = Gauge("fl_rounds_planned", "Training rounds the run is configured for", registry=r)
+        self.round_quorum = Gauge("fl_round_quorum", "Accepted updates needed to aggregate the round in progress",
+                                  registry=r)
+        self.last_progress = Gauge("fl_last_progress_timestamp_seconds",
+                                   "Unix time the run last moved: coordinator start, a round opened or closed",
+                                   registry=r)
+        # Known label values start at 0, so rate() and increase() see the first event.
+        for outcome in ROUND_OUTCOMES:
+            self.rounds.labels(outcome)
+        for state in ROUND_AGENT_STATES:
+            self.round_agents.labels(state)
+        for outcome in UPDATE_OUTCOMES:
+            self.updates.labels(outcome)
+        for kind, reasons in _REJECT_LABELS.items():
+            for reason in reasons:
+                self.rejected.labels(kind, reason)
         self._last_checkpoint: float | None = None
         self.checkpoint_age.set_function(self._checkpoint_age)
         self._families: set[str] = set()
@@ -80,6 +111,9 @@ class CoordinatorMetrics:
         self._last_checkpoint = time.time()
         self.checkpoint_time.set(self._last_checkpoint)
         self.checkpoint_bytes.set(size)
+
+    def progressed(self, at: float) -> None:
+        self.last_progress.set(at)
 
     def device_label(self, device: str) -> str:
         return device if device in KNOWN_DEVICES else "other"

@@ -1,0 +1,236 @@
+"""The Helm chart renders, lints clean and validates for its default and CI values files.
+
+Rendering uses helm-python-sdk (Helm's Go SDK, no binary); every rendered object is checked
+against the Kubernetes JSON schemas (kubernetes-validate, strict: unknown fields fail) of the
+oldest and newest Kubernetes the chart supports, and the Prometheus Operator kinds against
+crd_schemas.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from coordinator.config import CoordinatorSettings
+from protocol.settings import load_settings
+from tests.chart import CHART, FULLNAME, NAMESPACE, REPO, VALUES_FILES, Rendered, container, render, values_of
+from tests.unit.deploy.crd_schemas import SCHEMAS
+
+KUBE_VERSIONS = ("1.25", kubernetes_validate.utils.latest_version())
+CASES = [None, *VALUES_FILES]
+IDS = ["defaults", *(p.name.removesuffix("-values.yaml") for p in VALUES_FILES)]
+STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                   "app.kubernetes.io/managed-by", "app.kubernetes.io/component", "helm.sh/chart")
+
+
+def test_there_are_values_files_for_each_deployment_shape() -> None:
+    names = {p.name for p in VALUES_FILES}
+    assert {"external-broker-values.yaml", "bundled-broker-values.yaml", "servicemonitor-values.yaml",
+            "existing-secret-values.yaml"} <= names
+
+
+@pytest.mark.parametrize("values_file", CASES, ids=IDS)
+def test_lint_reports_no_errors_or_warnings(values_file: Path | None) -> None:
+    report = helm.lint(CHART, values_of(values_file), namespace=NAMESPACE, kube_version="v1.30.0")
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
+@pytest.mark.parametrize("values_file", CASES, ids=IDS)
+def test_every_object_validates_against_its_schema(values_file: Path | None) -> None:
+    rendered = render(values_of(values_file))
+    assert len(rendered.objects) >= 5
+    for obj in rendered.objects:
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        custom = SCHEMAS.get((obj["apiVersion"], obj["kind"]))
+        if custom is not None:
+            jsonschema.validate(obj, custom)
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                raise AssertionError(f"{where} is invalid for Kubernetes {version}: {exc.message} "
+                                     f"at {list(exc.absolute_path)}") from None
+        labels = obj["metadata"].get("labels", {})
+        if obj["kind"] != "ServiceAccount":
+            assert all(label in labels for label in STANDARD_LABELS), (where, labels)
+        assert obj["metadata"]["namespace"] in (NAMESPACE, "monitoring"), where
+
+
+@pytest.mark.parametrize("values_file", CASES, ids=IDS)
+def test_every_container_is_locked_down(values_file: Path | None) -> None:
+    rendered = render(values_of(values_file))
+    pods = [d["spec"]["template"]["spec"] for d in rendered.all("Deployment")]
+    pods += [p["spec"] for p in rendered.all("Pod")]
+    assert pods
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+        for c in pod["containers"] + pod.get("initContainers", []):
+            sc = c["securityContext"]
+            assert (sc["readOnlyRootFilesystem"], sc["allowPrivilegeEscalation"], sc["capabilities"]["drop"]) == (
+                True, False, ["ALL"]), c["name"]
+            assert "memory" in c["resources"]["limits"] and c["resources"]["requests"], c["name"]
+
+
+@pytest.mark.parametrize("values_file", CASES, ids=IDS)
+def test_coordinator_probes_config_and_volumes_agree(values_file: Path | None, tmp_path: Path) -> None:
+    values = values_of(values_file)
+    rendered = render(values)
+    deployment = rendered.get("Deployment", FULLNAME)
+    coordinator = container(deployment, "coordinator")
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+
+    # The config file the container reads is valid for the real settings class.
+    config_path = coordinator["args"][coordinator["args"].index("--config") + 1]
+    mounts = {m["mountPath"]: m for m in coordinator["volumeMounts"]}
+    assert str(Path(config_path).parent) in mounts
+    text = rendered.get("ConfigMap", FULLNAME)["data"][Path(config_path).name]
+    (tmp_path / "c.yaml").write_text(text)
+    settings = load_settings(CoordinatorSettings, tmp_path / "c.yaml")
+    assert settings.federation == values.get("federation", "default")
+
+    # Probes hit /healthz and /readyz on the port the coordinator listens on.
+    port = {p["name"]: p["containerPort"] for p in coordinator["ports"]}["http"]
+    assert port == settings.http_port
+    probes = {kind: coordinator[kind]["httpGet"] for kind in ("startupProbe", "livenessProbe", "readinessProbe")}
+    assert {kind: (p["path"], p["port"]) for kind, p in probes.items()} == {
+        "startupProbe": ("/healthz", "http"), "livenessProbe": ("/healthz", "http"), "readinessProbe": ("/readyz", "http")}
+    service = rendered.get("Service", FULLNAME)
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+
+    # Everything written goes to volumes: the state dir and /tmp.
+    assert any(str(settings.state_dir).startswith(path + "/") for path in mounts), settings.state_dir
+    assert "/tmp" in mounts
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    state = volumes[mounts[str(settings.state_dir.parent)]["name"]]
+    claim = values.get("persistence", {}).get("existingClaim") or f"{FULLNAME}-state"
+    assert state["persistentVolumeClaim"]["claimName"] == claim
+    assert (rendered.maybe("PersistentVolumeClaim", f"{FULLNAME}-state") is not None) == (
+        claim == f"{FULLNAME}-state")
+
+
+def _env(rendered: Rendered, name: str) -> dict[str, Any]:
+    return {e["name"]: e for e in container(rendered.get("Deployment", FULLNAME), "coordinator")["env"]}[name]
+
+
+def test_defaults_bundle_a_broker_with_a_generated_password() -> None:
+    rendered = render()
+    settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
+    assert settings["broker_url"] == f"mqtt://{FULLNAME}-mosquitto:1883"
+    service = rendered.get("Service", f"{FULLNAME}-mosquitto")
+    assert service["spec"]["ports"][0]["port"] == 1883
+    password = rendered.secret_value(f"{FULLNAME}-broker", "password")
+    assert len(password) == 32
+    assert _env(rendered, "FL_COORDINATOR_BROKER_PASSWORD")["valueFrom"]["secretKeyRef"] == {
+        "name": f"{FULLNAME}-broker", "key": "password"}
+    init = container(rendered.get("Deployment", f"{FULLNAME}-mosquitto"), "passwords")
+    assert {e["name"]: e for e in init["env"]}["COORDINATOR_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == (
+        f"{FULLNAME}-broker")
+    assert "no agent can connect" in rendered.notes
+    assert rendered.get("ConfigMap", f"{FULLNAME}-dashboards")["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert not rendered.all("ServiceMonitor") and not rendered.all("PrometheusRule")
+
+
+def test_external_broker_values() -> None:
+    rendered = render(values_of(CHART / "ci" / "external-broker-values.yaml"))
+    assert not [o for o in rendered.objects if "mosquitto" in o["metadata"]["name"]]
+    settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
+    assert (settings["broker_url"], settings["federation"], settings["rounds"]) == (
+        "mqtts://mqtt.example.com:8883", "factory-7", 50)
+    assert rendered.secret_value(f"{FULLNAME}-broker", "password") == "not-a-real-password"
+    assert _env(rendered, "FL_COORDINATOR_BROKER_USERNAME")["value"] == "coordinator-factory-7"
+    assert rendered.maybe("ConfigMap", f"{FULLNAME}-dashboards") is None
+
+
+def test_existing_secret_values() -> None:
+    rendered = render(values_of(CHART / "ci" / "existing-secret-values.yaml"))
+    assert rendered.maybe("Secret", f"{FULLNAME}-broker") is None
+    assert _env(rendered, "FL_COORDINATOR_BROKER_USERNAME")["valueFrom"]["secretKeyRef"] == {
+        "name": "fl-broker-credentials", "key": "user"}
+    assert _env(rendered, "FL_COORDINATOR_BROKER_PASSWORD")["valueFrom"]["secretKeyRef"] == {
+        "name": "fl-broker-credentials", "key": "pass"}
+    assert _env(rendered, "FL_COORDINATOR_LOG_LEVEL")["value"] == "DEBUG"
+
+
+def test_servicemonitor_values_scrape_the_coordinator_and_ship_the_rules() -> None:
+    rendered = render(values_of(CHART / "ci" / "servicemonitor-values.yaml"))
+    monitor = rendered.get("ServiceMonitor", FULLNAME)
+    service = rendered.get("Service", FULLNAME)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    rule = rendered.get("PrometheusRule", FULLNAME)
+    assert rule["spec"] == yaml.safe_load((REPO / "dashboards" / "alerts.yaml").read_text())
+    dashboards = rendered.get("ConfigMap", f"{FULLNAME}-dashboards")
+    assert dashboards["metadata"]["namespace"] == "monitoring"
+    assert dashboards["metadata"]["annotations"]["grafana_folder"] == "Federated learning"
+    for path in (REPO / "dashboards").glob("*.json"):
+        assert json.loads(dashboards["data"][path.name]) == json.loads(path.read_text())
+
+
+def test_bundled_broker_values() -> None:
+    rendered = render(values_of(CHART / "ci" / "bundled-broker-values.yaml"))
+    agents = rendered.secret_value(f"{FULLNAME}-mosquitto-agents", "passwd").splitlines()
+    assert agents == ["jetson-0:jetson-0-password", "rpi-1:rpi:1 password"]
+    config = rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["mosquitto.conf"]
+    assert "listener 8883" in config and "certfile /mosquitto/tls/tls.crt" in config
+    assert "persistence true" in config
+    service = rendered.get("Service", f"{FULLNAME}-mosquitto")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert [p["port"] for p in service["spec"]["ports"]] == [1883, 8883]
+    assert rendered.maybe("Secret", f"{FULLNAME}-broker") is None  # the password is in greenhouse-coordinator
+    assert rendered.get("PersistentVolumeClaim", f"{FULLNAME}-mosquitto-data")["spec"]["resources"] == {
+        "requests": {"storage": "2Gi"}}
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"mosquitto": {"enabled": False}}, "broker.url is required"),
+    ({"coordinator": {"config": {"state_dir": "/x"}}}, "coordinator.config.state_dir is set by the chart"),
+    ({"broker": {"existingSecret": {"name": "s", "usernameKey": "u"}}}, "cannot be used with the bundled broker"),
+    ({"mosquitto": {"tls": {"enabled": True}}}, "needs mosquitto.tls.existingSecret"),
+    ({"federation": "a/b"}, "/federation"),
+    ({"mosquitto": {"agents": [{"username": "bad id", "password": "p"}]}}, "/mosquitto/agents/0/username"),
+    ({"coordinator": {"httpPort": 70000}}, "/coordinator/httpPort"),
+    ({"broker": {"url": "http://broker"}}, "/broker/url"),
+    ({"persistence": {"enabled": "yes"}}, "/persistence/enabled"),
+    ({"replicas": 2}, "additional properties 'replicas' not allowed"),
+])
+def test_bad_values_fail_naming_the_problem(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmError, match=message.replace("(", r"\(")):
+        render(values)
+
+
+def test_chart_files_match_their_sources() -> None:
+    """The chart can only ship files inside it: scripts/sync-chart-files.sh copies them in."""
+    hint = "run scripts/sync-chart-files.sh"
+    sources = sorted(p.name for p in (REPO / "dashboards").glob("*.json"))
+    assert sources == sorted(p.name for p in (CHART / "files" / "dashboards").glob("*.json")), hint
+    for name in sources:
+        assert (CHART / "files" / "dashboards" / name).read_bytes() == (REPO / "dashboards" / name).read_bytes(), hint
+    assert (CHART / "files" / "alerts.yaml").read_bytes() == (REPO / "dashboards" / "alerts.yaml").read_bytes(), hint
+    acl = render().get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"]
+    assert acl == (REPO / "deploy" / "mosquitto" / "acl").read_text(), hint
+    renamed = render({"broker": {"username": "coord-7"}}).get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"]
+    assert "\nuser coord-7\n" in renamed and "\nuser coordinator\n" not in renamed
+
+
+def test_the_packaged_chart_renders_like_the_directory(tmp_path: Path) -> None:
+    """`helm package`: the archive carries files/ (dashboards, rules, ACL) and leaves ci/ out."""
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as chart:
+        names = {f["name"] for f in chart.files}
+        packaged = chart.render(values={"broker": {"password": "p"}}, name="fl", namespace=NAMESPACE)
+    assert "files/alerts.yaml" in names and not any(n.startswith("ci/") for n in names)
+    with helm.Chart.load(CHART) as chart:
+        directory = chart.render(values={"broker": {"password": "p"}}, name="fl", namespace=NAMESPACE)
+    assert packaged == directory

@@ -1,0 +1,166 @@
+"""What can be checked of the container images without a container engine.
+
+No image is built here (there is no Docker on the test machines). Instead: the coordinator
+image's pinned requirements are exactly the project's core dependencies and what they pull
+in (no torch), and the coordinator imports and serves its metrics with nothing else
+importable; the Dockerfiles copy only paths the build context keeps, and run as the user the
+Helm chart's securityContext expects.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from tests.chart import CHART, REPO
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+DEPLOY = REPO / "deploy"
+DOCKERFILES = sorted(DEPLOY.glob("*/Dockerfile*"))
+REQUIREMENTS = DEPLOY / "coordinator" / "requirements.txt"
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def core_requirements() -> list[Requirement]:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [Requirement(r) for r in project["dependencies"]]
+
+
+def core_closure() -> set[str]:
+    """The core dependencies and, recursively, theirs (as installed here), without extras."""
+    seen: set[str] = set()
+    todo = core_requirements()
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        if normalize(req.name) in seen:
+            continue
+        seen.add(normalize(req.name))
+        todo += [Requirement(r) for r in metadata.distribution(req.name).requires or []]
+    return seen
+
+
+def pinned() -> dict[str, Version]:
+    pins = {}
+    for line in REQUIREMENTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[normalize(name)] = Version(version)
+    return pins
+
+
+def test_coordinator_requirements_pin_exactly_the_core_dependencies() -> None:
+    pins = pinned()
+    closure = core_closure()
+    assert set(pins) == closure, (f"add {sorted(closure - set(pins))}, remove {sorted(set(pins) - closure)} "
+                                  f"in {REQUIREMENTS.relative_to(REPO)}")
+    assert not {"torch", "opacus", "torchvision", "scikit-learn"} & set(pins)
+    for req in core_requirements():
+        assert pins[normalize(req.name)] in req.specifier, f"{req.name}=={pins[normalize(req.name)]} vs {req}"
+
+
+RUNNER = textwrap.dedent(
+    """
+    import importlib, importlib.abc, pkgutil, sys, tempfile, urllib.request
+    from pathlib import Path
+
+    ALLOWED = set(sys.argv[1].split(","))
+    BLOCKED = set(sys.argv[2].split(","))
+    PRELOADED = {m.partition(".")[0] for m in sys.modules}  # by .pth files at start-up (setuptools' hack)
+
+    class OnlyTheImage(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            top = name.partition(".")[0]
+            if top in BLOCKED and top not in ALLOWED:
+                raise ModuleNotFoundError(f"No module named {name!r} (not in the coordinator image)", name=name)
+            return None
+
+    sys.meta_path.insert(0, OnlyTheImage())
+    for package in ("protocol", "coordinator"):
+        for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+            if not info.name.endswith("__main__"):
+                importlib.import_module(info.name)
+
+    from prometheus_client import CollectorRegistry
+    from coordinator.config import CoordinatorSettings
+    from coordinator.service import CoordinatorService
+
+    with tempfile.TemporaryDirectory() as state:
+        service = CoordinatorService(CoordinatorSettings(http_host="127.0.0.1", http_port=0, state_dir=Path(state)),
+                                     registry=CollectorRegistry())
+        service.engine.restore()
+        service.http.start()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{service.http.port}/metrics", timeout=10).read().decode()
+        service.http.stop()
+    assert "fl_rounds_total" in body
+    leaked = sorted({m.partition(".")[0] for m in sys.modules} & BLOCKED - ALLOWED - PRELOADED)
+    assert not leaked, leaked
+    print("coordinator served /metrics with only the image's packages")
+    """
+)
+
+
+def test_coordinator_runs_with_only_the_image_packages() -> None:
+    """Every installed distribution outside the pinned set is unimportable, torch included."""
+    closure = core_closure()
+    owners = metadata.packages_distributions()
+    allowed = {"protocol", "coordinator"} | {m for m, dists in owners.items() if {normalize(d) for d in dists} & closure}
+    blocked = {m for m in owners if m not in allowed} | {"edge_agent", "launcher", "tests", "bench"}
+    assert {"torch", "opacus", "sklearn", "amqtt"} <= blocked
+    result = subprocess.run([sys.executable, "-c", RUNNER, ",".join(sorted(allowed)), ",".join(sorted(blocked))],
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    assert "only the image's packages" in result.stdout
+
+
+def _ignored(path: str, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(path, p) or path.startswith(p.rstrip("/") + "/") for p in patterns)
+
+
+def test_dockerfiles_copy_only_what_the_build_context_keeps() -> None:
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    assert {p.name for p in DOCKERFILES} == {"Dockerfile", "Dockerfile.jetson"} and len(DOCKERFILES) == 3
+    for dockerfile in DOCKERFILES:
+        for line in dockerfile.read_text().splitlines():
+            if line.startswith("COPY") and "--from=" not in line:
+                for source in line.split()[1:-1]:
+                    assert (REPO / source).exists(), f"{dockerfile.name}: {source} does not exist"
+                    assert not _ignored(source, patterns), f"{dockerfile.name}: {source} is in .dockerignore"
+
+
+def test_images_run_as_the_user_the_chart_expects() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    uid = values["coordinator"]["podSecurityContext"]["runAsUser"]
+    for dockerfile in DOCKERFILES:
+        users = re.findall(r"^USER (\S+)$", dockerfile.read_text(), flags=re.MULTILINE)
+        assert users == [f"{uid}:{uid}"], (dockerfile, users)  # numeric: runAsNonRoot can verify it
+
+
+def test_only_the_agent_images_install_torch() -> None:
+    coordinator = (DEPLOY / "coordinator" / "Dockerfile").read_text()
+    commands = [line for line in coordinator.splitlines() if "torch" in line and not line.startswith("#")]
+    assert all("find_spec('torch') is None" in line for line in commands), commands
+    assert "COPY edge_agent" not in coordinator and ".[" not in coordinator
+    assert "-r /tmp/requirements.txt" in coordinator and "--no-deps ." in coordinator
+    for name in ("Dockerfile", "Dockerfile.jetson"):
+        agent = (DEPLOY / "edge-agent" / name).read_text()
+        assert 'pip install ".[agent]"' in agent and "COPY coordinator" not in agent
+    assert re.search(r"^ARG L4T_IMAGE=nvcr\.io/nvidia/l4t-", (DEPLOY / "edge-agent" / "Dockerfile.jetson").read_text(),
+                     flags=re.MULTILINE)
