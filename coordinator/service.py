@@ -99,7 +99,8 @@ class CoordinatorService:
                 log.info("reconnected to the broker (session %s)", "kept" if first.session_present else "lost")
             self.engine.on_connection(True, first.session_present)
         elif kind == "disconnected":
-            log.warning("lost the broker connection")
+            if self.engine.connected:  # paho may report one loss twice
+                log.warning("lost the broker connection")
             self.engine.on_connection(False)
 
     @property

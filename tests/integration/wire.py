@@ -38,6 +38,7 @@ class WireRecorder:
         self._client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=client_id,
                                    protocol=paho.MQTTv311)
         self._client.max_inflight_messages_set(1000)
+        self._client.reconnect_delay_set(0.1, 1)  # chaos tests restart the broker: come back fast
         self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic_filter, qos=1)
         self._client.on_subscribe = lambda c, u, mid, rcs, p: self._subscribed.set()
         self._client.on_message = self._on_message
