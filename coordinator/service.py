@@ -18,6 +18,7 @@ from coordinator.http_server import HealthServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.rounds import RoundSummary
 from coordinator.strategies import build_strategy
+from protocol.durable import atomic_write_bytes
 from protocol.mqtt import Backoff, Connection, MqttLink, Will
 
 log = logging.getLogger(__name__)
@@ -112,17 +113,22 @@ class CoordinatorService:
             handle.write(json.dumps(summary.to_dict()) + "\n")
 
     def _reconcile_rounds_log(self, history: list[RoundSummary]) -> None:
-        """Append the rounds the checkpoint has but the log lacks (a crash between the two writes)."""
-        logged = set()
+        """Make rounds.jsonl agree with the checkpoint after a crash between the two writes.
+
+        A line torn by a crash mid-write is dropped; rounds the checkpoint has but the log lacks
+        are appended.
+        """
         text = self.rounds_log.read_text() if self.rounds_log.exists() else ""
-        if text and not text.endswith("\n"):
-            with self.rounds_log.open("a") as handle:
-                handle.write("\n")
+        kept, logged = [], set()
         for line in text.splitlines():
             try:
                 logged.add(int(json.loads(line)["round"]))
             except (ValueError, KeyError, TypeError):
-                continue  # a torn last line from a crash mid-write; the round is re-appended below
+                continue
+            kept.append(line)
+        if len(kept) != len(text.splitlines()):
+            log.warning("dropped %d torn line(s) from %s", len(text.splitlines()) - len(kept), self.rounds_log)
+            atomic_write_bytes(self.rounds_log, "".join(f"{line}\n" for line in kept).encode())
         missing = [s for s in history if s.round not in logged]
         if missing:
             log.info("rounds.jsonl lacked round(s) %s; appended them from the checkpoint", [s.round for s in missing])
