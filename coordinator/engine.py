@@ -369,7 +369,7 @@ class RoundEngine:
 
     def _refresh_online_gauges(self, now: float) -> None:
         counts = self.registry.online_by_device(now)
-        for device in {"jetson", "rpi", "phone", "cpu", "other"}:
+        for device in ("jetson", "rpi", "phone", "cpu", "other"):
             self.metrics.agents_online.labels(device).set(0)
         for device, count in counts.items():
             self.metrics.agents_online.labels(self.metrics.device_label(device)).inc(count)

@@ -13,8 +13,15 @@ from pathlib import Path
 import pytest
 
 from launcher.broker import MosquittoBroker, free_port
-from tests.integration.chaos import (DEADLINE_MARGIN_S, WireView, mixed_agents, round_figures, small_fleet,
-                                     wait_for_rounds, write_figures)
+from tests.integration.chaos import (
+    DEADLINE_MARGIN_S,
+    WireView,
+    mixed_agents,
+    round_figures,
+    small_fleet,
+    wait_for_rounds,
+    write_figures,
+)
 from tests.integration.wire import WireRecorder, metric, scrape
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

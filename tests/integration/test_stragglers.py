@@ -3,6 +3,9 @@
 Each training round closes at its deadline without them, counts them as stragglers (they
 stay online, so not as dropouts), and aggregates the four others. Their updates arrive after
 the round closed and are dropped and counted as late.
+
+With over-selection (want 4 updates, ask all 6) the rounds do not even wait for the
+deadline: they close as soon as the four fast agents answered.
 """
 
 from __future__ import annotations
@@ -15,7 +18,14 @@ from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec
 from protocol.messages import GlobalState
 from protocol.wire import decode_message
-from tests.integration.chaos import DEADLINE_MARGIN_S, WireView, round_figures, small_fleet, write_figures
+from tests.integration.chaos import (
+    DEADLINE_MARGIN_S,
+    WireView,
+    round_figures,
+    small_fleet,
+    wait_for_rounds,
+    write_figures,
+)
 from tests.integration.wire import WireRecorder, metric, read_rounds, scrape, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -26,13 +36,15 @@ DEADLINE_S = 8.0
 SLOW = {"straggler_delay": "constant:12"}  # always past the deadline
 
 
+AGENTS = [AgentSpec("phone-0", "phone", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2),
+          AgentSpec("rpi-3", "rpi", 3), AgentSpec("phone-slow", "phone", 4, SLOW),
+          AgentSpec("rpi-slow", "rpi", 5, SLOW)]
+
+
 def test_agents_slower_than_the_deadline_are_left_out_and_counted(tmp_path: Path, mosquitto: MosquittoBroker,
                                                                   recorder: WireRecorder) -> None:
-    agents = [AgentSpec("phone-0", "phone", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2),
-              AgentSpec("rpi-3", "rpi", 3), AgentSpec("phone-slow", "phone", 4, SLOW),
-              AgentSpec("rpi-slow", "rpi", 5, SLOW)]
     http_port = free_port()
-    fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, agents, {
+    fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, AGENTS, {
         "rounds": ROUNDS, "round_deadline_s": DEADLINE_S, "http_port": http_port,
     })
     wire = WireView(recorder, FEDERATION)
@@ -76,3 +88,28 @@ def test_agents_slower_than_the_deadline_are_left_out_and_counted(tmp_path: Path
     states = [decode_message(m.payload, GlobalState) for m in recorder.snapshot(
         lambda m: "/global/" in m.topic and bool(m.payload))]
     assert {(s.family, s.round) for s in states} >= {("mlp_tiny", 2), ("cnn_small", 2)}
+
+
+def test_over_selection_closes_rounds_without_waiting_for_stragglers(tmp_path: Path,
+                                                                   mosquitto: MosquittoBroker) -> None:
+    http_port = free_port()
+    deadline_s = 30.0  # far longer than the stragglers' 12 s: only over-selection can close rounds early
+    fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, AGENTS, {
+        "rounds": ROUNDS, "round_deadline_s": deadline_s, "http_port": http_port, "fraction_fit": 0.6,
+        "over_selection": 0.5, "min_fit_agents": 1, "evaluate_final": False,
+    })
+    fleet.start()
+    try:
+        rounds = wait_for_rounds(fleet, ROUNDS, timeout_s=180)
+        samples = scrape(http_port)
+    finally:
+        fleet.stop()
+
+    figures = round_figures(rounds) | {"surplus": [r["surplus"] for r in rounds]}
+    write_figures(tmp_path, "over_selection", figures)
+    assert [r["outcome"] for r in rounds] == ["completed"] * ROUNDS
+    for r in rounds:
+        # 4 wanted, 6 asked: closed on the fourth answer, the two slow ones left over, none waited for.
+        assert (r["selected"], r["answered"], r["surplus"], r["stragglers"], r["dropouts"]) == (6, 4, 2, 0, 0), r
+        assert r["duration_s"] < r["deadline_s"], r
+    assert metric(samples, "fl_stragglers_total") == 0

@@ -128,7 +128,7 @@ def test_a_lost_broker_session_gives_a_new_session_and_republishes(tmp_path: Pat
 
 def test_connecting_with_no_round_open_clears_a_stale_announcement(tmp_path: Path) -> None:
     clock = Clock()
-    engine, outbox, _ = make_engine(tmp_path, clock)
+    _, outbox, _ = make_engine(tmp_path, clock)
     assert (TOPICS.rounds_current, b"", True) in outbox.sent
 
 

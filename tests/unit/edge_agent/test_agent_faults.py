@@ -11,7 +11,7 @@ import pytest
 from edge_agent.agent import EdgeAgent
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
-from edge_agent.stragglers import PROFILE_DELAYS, DelayModel, parse_delay
+from edge_agent.stragglers import OFF, PROFILE_DELAYS, DelayModel, parse_delay
 from protocol.messages import CoordinatorStatus, GlobalState, LocalTraining, RoundAnnouncement, TrainMetrics, Update
 from protocol.mqtt import BrokerAddress
 from protocol.topics import Topics
@@ -49,7 +49,7 @@ class FakeLink:
         return [topic for topic, _ in self.published if "/updates/" in topic]
 
 
-def make_agent(tmp_path: Path, straggler: DelayModel = DelayModel()) -> tuple[EdgeAgent, FakeWorker, FakeLink]:
+def make_agent(tmp_path: Path, straggler: DelayModel = OFF) -> tuple[EdgeAgent, FakeWorker, FakeLink]:
     worker = FakeWorker()
     agent = EdgeAgent("me", "t", BrokerAddress("localhost", 1883), get_profile("phone"), worker,  # type: ignore[arg-type]
                       AgentStateDir(tmp_path / "state"), straggler=straggler)
