@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 
 AGENTS = 6
 ROUNDS = 4
-DEADLINE_S = 15.0
+DEADLINE_S = 25.0
 DOWN_S = 3.0
 OUTAGE_ROUND = 2
 

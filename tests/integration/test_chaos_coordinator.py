@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 FEDERATION = "chaos-coordinator"
 AGENTS = 8
 ROUNDS = 5
-DEADLINE_S = 15.0
+DEADLINE_S = 25.0
 DOWN_S = 2.0
 
 
