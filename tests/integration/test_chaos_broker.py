@@ -53,6 +53,7 @@ def test_broker_restart_mid_round(tmp_path: Path, persistence: bool) -> None:
             return (metric(samples, "fl_broker_connected") == 1
                     and metric(samples, "fl_broker_reconnects_total") >= 1)
 
+        # Polled every 0.1 s (and a scrape takes time on a busy machine): an upper bound.
         wait_until(coordinator_back, 60, "the coordinator to reconnect", interval_s=0.1)
         coordinator_after = time.monotonic() - started
 
@@ -86,8 +87,8 @@ def test_broker_restart_mid_round(tmp_path: Path, persistence: bool) -> None:
     assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1), figures["per_round"]
     # Not one update lost to the outage: queued by paho and the broker, or resent to a new session.
     assert all(r["answered"] == r["selected"] == AGENTS for r in rounds), figures["per_round"]
-    assert metric(samples, "fl_broker_reconnects_total") == 1
-    assert sum(metric(samples, "fl_agent_reconnects_total", device=d) for d in ("phone", "rpi")) == AGENTS
+    assert metric(samples, "fl_broker_reconnects_total") >= 1
+    assert sum(metric(samples, "fl_agent_reconnects_total", device=d) for d in ("phone", "rpi")) >= AGENTS
     assert {p.name: p.pid for p in fleet.processes()} == pids and all(p.starts == 1 for p in fleet.processes())
     # With the broker's session gone, the coordinator must have told agents so with a new session.
     assert figures["coordinator_sessions"] == (1 if persistence else 2)
