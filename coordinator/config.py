@@ -44,12 +44,21 @@ class CoordinatorSettings(BaseSettings):
     seed: int = 0
     fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0)
     min_fit_agents: int = Field(default=2, ge=1)
+    over_selection: float = Field(default=0.0, ge=0.0, le=10.0, description=(
+        "select this fraction more agents than the round wants (0.3: 30% more); the round closes as soon "
+        "as the wanted number answered, so a few stragglers or dropouts do not hold it up"))
     min_available_agents: int = Field(default=2, ge=1)
     quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     min_updates: int = Field(default=1, ge=1)
     round_deadline_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
     agent_timeout_s: float = Field(default=90.0, gt=0.0)
     """An agent not heard from for this long is offline, even without its last will."""
+    resume_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0, description=(
+        "after a restart, a round whose deadline passed while the coordinator was down still collects "
+        "updates (queued by the broker or resent by agents) for this long before closing; 0 closes it at "
+        "once as interrupted"))
+    reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
+    reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
 
     # limits
     max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
@@ -80,6 +89,8 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("min_fit_agents cannot exceed min_available_agents")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
         return self
 
     @property

@@ -3,9 +3,14 @@
 Single-threaded by design: the service feeds it messages and clock ticks from one loop, so
 it needs no locks. Nothing here knows about sockets; publishing goes through an ``Outbox``.
 
-A round closes when every selected agent answered, or at its deadline: it aggregates if
-the quorum answered and is counted as ``quorum_missed`` otherwise. Either way the next
-round starts; nothing waits forever.
+A round closes as soon as the wanted number of agents answered (all selected ones, unless
+over-selecting), or at its deadline: it aggregates if the quorum answered and is counted as
+``quorum_missed`` otherwise. Either way the next round starts; nothing waits forever.
+
+Crash safety: the checkpoint is written after every round and the open round's announcement
+when it opens, so a restarted coordinator resumes the same round (or closes it) and never
+reuses a round number. Updates it had accepted before the crash are lost with its memory;
+agents send them again when they see its new ``session`` re-announce the round.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from coordinator.evaluation import federated_metrics, metrics_by_family
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.registry import AgentRegistry
+from coordinator.retained import RetainedStates
 from coordinator.rounds import FamilySummary, OpenRound, RoundSummary
-from coordinator.selection import select_agents
+from coordinator.selection import plan_selection
 from coordinator.strategies.base import Strategy
 from protocol.chunking import split_payload
-from protocol.messages import CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
+from protocol.messages import AgentStatus, CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
@@ -54,6 +60,7 @@ class RoundEngine:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_round_closed: Callable[[RoundSummary], None] | None = None,
+        on_history_loaded: Callable[[list[RoundSummary]], None] | None = None,
     ) -> None:
         self.settings = settings
         self.strategy = strategy
@@ -63,6 +70,7 @@ class RoundEngine:
         self.clock = clock
         self.wall_clock = wall_clock
         self.on_round_closed = on_round_closed
+        self.on_history_loaded = on_history_loaded
         self.topics = Topics(settings.federation)
         self.registry = AgentRegistry(settings.agent_timeout_s)
         self.inbound = InboundFilter(self, metrics)
@@ -73,7 +81,8 @@ class RoundEngine:
         self.finished = False
         self.open: OpenRound | None = None
         self.connected = False
-        self._published_states: dict[str, tuple[int, str]] = {}
+        self._ever_connected = False
+        self.retained = RetainedStates(store)
         self._last_wait_log = -1e9
         self._epsilon: dict[str, float] = {}
 
@@ -92,6 +101,7 @@ class RoundEngine:
 
     def _restore(self) -> None:
         saved = self.store.load(CHECKPOINT)
+        self.retained.load()
         if saved is None:
             self.run_id = secrets.token_hex(6)
             self._save_checkpoint()
@@ -108,6 +118,8 @@ class RoundEngine:
         self.history = [RoundSummary.from_dict(s) for s in saved["history"]]
         self.strategy.load_state_dict(saved["strategy"])
         log.info("resumed run %s at round %d from %s", self.run_id, self.next_round, self.store.directory)
+        if self.on_history_loaded is not None:
+            self.on_history_loaded(self.history)
         self._resume_open_round()
 
     def _resume_open_round(self) -> None:
@@ -115,20 +127,36 @@ class RoundEngine:
         if saved is None or saved["run_id"] != self.run_id or saved["round"] != self.next_round:
             return
         announcement = decode_message(saved["announcement"], RoundAnnouncement)
-        remaining = announcement.issued_at + announcement.deadline_s - self.wall_clock()
         now = self.clock()
-        if remaining > 0:
-            self.open = OpenRound(announcement, saved["announcement"], now + remaining, now)
-            self.strategy.begin_round(announcement.round)
-            log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
+        age = max(0.0, self.wall_clock() - announcement.issued_at)
+        remaining = announcement.deadline_s - age
+        wanted = int(saved.get("wanted", len(announcement.selected)))
+        if remaining <= 0 and self.settings.resume_grace_s <= 0:
+            interrupted = OpenRound(announcement, saved["announcement"], now, now - age, wanted)
+            self.open = interrupted
+            self._finish_round(interrupted, "interrupted", "coordinator restarted after the deadline", now)
             return
-        interrupted = OpenRound(announcement, saved["announcement"], now, now - announcement.deadline_s)
-        self.open = interrupted
-        self._finish_round(interrupted, "interrupted", "coordinator restarted after the deadline", now)
+        # Past its deadline, the round still waits a grace period for the updates the broker queued
+        # for us and those agents resend to the new session, rather than throw finished work away.
+        remaining = max(remaining, self.settings.resume_grace_s)
+        self.open = OpenRound(announcement, saved["announcement"], now + remaining, now - age, wanted)
+        self.strategy.begin_round(announcement.round)
+        log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
 
     # -- inputs ----------------------------------------------------------------------
     def on_message(self, topic: str, payload: bytes) -> None:
         self.inbound.handle(topic, payload)
+
+    def observe_agent(self, status: AgentStatus) -> None:
+        """Called by the inbound filter for every valid agent status."""
+        seen = self.registry.observe(status, self.clock())
+        device = self.metrics.device_label(status.device)
+        if seen.restarted:
+            self.metrics.agent_restarts.labels(device).inc()
+        if seen.new_reconnects:
+            self.metrics.agent_reconnects.labels(device).inc(seen.new_reconnects)
+        if status.state == "offline" and self.open is not None and status.agent_id in self.open.selected:
+            self.open.went_offline.add(status.agent_id)
 
     def accept_update(self, update: Update, size: int) -> None:
         """Called by the inbound filter for an update that passed every check."""
@@ -143,17 +171,28 @@ class RoundEngine:
             self.metrics.epsilon.labels(device).set(self._epsilon[device])
             self.metrics.epsilon_max.set(max(self._epsilon.values()))
 
-    def on_connection(self, connected: bool) -> None:
-        """After every (re)connect, republish what must be retained: the broker may have lost it."""
+    def on_connection(self, connected: bool, session_present: bool = True) -> None:
+        """After every (re)connect, republish what must be retained: the broker may have lost it.
+
+        ``session_present`` False after an earlier connect means the broker lost our persistent
+        session, and with it the updates it had queued for us: a new session id tells agents
+        to send their answer to the open round again.
+        """
         self.connected = connected
         self.metrics.broker_connected.set(1 if connected else 0)
         if not connected:
             return
+        if self._ever_connected and not session_present:
+            self.session = secrets.token_hex(6)
+            log.warning("the broker lost this coordinator's session; agents will resend to session %s", self.session)
+        self._ever_connected = True
         self._publish_status("finished" if self.finished else "online")
-        self._published_states.clear()
+        self.retained.reconnected()
         self._publish_states()
         if self.open is not None:
             self._publish(self.topics.rounds_current, self.open.payload, "round", retain=True)
+        elif not self.finished:  # no round open: an announcement still retained is stale (an old run's)
+            self._publish(self.topics.rounds_current, b"", "round", retain=True)
 
     def tick(self) -> float:
         """Advance on the clock; returns how long the caller may wait before the next tick."""
@@ -164,7 +203,7 @@ class RoundEngine:
         if self.open is None:
             self._maybe_open_round(now)
             return 0.2
-        if self.open.everyone_answered() or now >= self.open.deadline:
+        if self.open.enough_answered() or now >= self.open.deadline:
             self._close_round(now)
             return 0.0
         return max(0.0, min(self.open.deadline - now, 0.5))
@@ -181,10 +220,11 @@ class RoundEngine:
         number = self.next_round
         task = "train" if number <= s.rounds else "evaluate"
         if task == "train":
-            selected = select_agents(available, number, seed=s.seed, fraction=s.fraction_fit,
-                                     minimum=s.min_fit_agents)
+            plan = plan_selection(available, number, seed=s.seed, fraction=s.fraction_fit, minimum=s.min_fit_agents,
+                                  over_selection=s.over_selection)
+            selected, wanted = plan.selected, plan.wanted
         else:
-            selected = available
+            selected, wanted = available, len(available)
         self.strategy.begin_round(number)
         announcement = RoundAnnouncement(
             run_id=self.run_id, round=number, task=task, algorithm=self.strategy.algorithm,
@@ -195,8 +235,9 @@ class RoundEngine:
             init_seed=s.init_seed, issued_at=self.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
         )
         payload = encode_message(announcement)
-        self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": payload})
-        self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now)
+        self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": payload,
+                                     "wanted": wanted})
+        self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
         self.open.bytes_out += self._publish_states()
         self.open.bytes_out += self._publish(self.topics.rounds_current, payload, "round", retain=True)
         self._publish_status("online")
@@ -205,8 +246,8 @@ class RoundEngine:
         self.metrics.agents_selected.inc(len(selected))
         self.metrics.round_quorum.set(self.open.quorum(s.quorum_fraction, s.min_updates))
         self.metrics.progressed(self.wall_clock())
-        log.info("round %d (%s): selected %d of %d agents, deadline %.0fs",
-                 number, task, len(selected), len(available), s.round_deadline_s)
+        log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
+                 number, task, len(selected), len(available), wanted, s.round_deadline_s)
 
     # -- closing -----------------------------------------------------------------------
     def _close_round(self, now: float) -> None:
@@ -233,13 +274,16 @@ class RoundEngine:
 
     def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float) -> None:
         missing = set(open_round.selected) - open_round.updates.keys()
-        dropouts = {a for a in missing if not self.registry.is_online(a, now)}
-        stragglers = missing - dropouts
+        dropouts = {a for a in missing if a in open_round.went_offline or not self.registry.is_online(a, now)}
+        # Closed early (enough answered): the rest were over-selected, not late.
+        early = now < open_round.deadline
+        stragglers = set() if early else missing - dropouts
+        surplus = missing - dropouts - stragglers
         overall = federated_metrics(open_round.updates.values())
         summary = RoundSummary(
             round=open_round.number, task=open_round.announcement.task, outcome=outcome, reason=reason,
             selected=len(open_round.selected), answered=len(open_round.updates), stragglers=len(stragglers),
-            dropouts=len(dropouts), rejected=open_round.rejected,
+            dropouts=len(dropouts), surplus=len(surplus), rejected=open_round.rejected,
             quorum=open_round.quorum(self.settings.quorum_fraction, self.settings.min_updates),
             duration_s=round(now - open_round.opened, 3), deadline_s=open_round.announcement.deadline_s,
             bytes_in=open_round.bytes_in, bytes_out=open_round.bytes_out,
@@ -266,7 +310,8 @@ class RoundEngine:
         m.rounds.labels(summary.outcome).inc()
         m.round_duration.observe(summary.duration_s)
         for state, count in (("selected", summary.selected), ("answered", summary.answered),
-                             ("straggling", summary.stragglers), ("dropped", summary.dropouts)):
+                             ("straggling", summary.stragglers), ("dropped", summary.dropouts),
+                             ("surplus", summary.surplus)):
             m.round_agents.labels(state).set(count)
         m.agents_answered.inc(summary.answered)
         m.stragglers.inc(summary.stragglers)
@@ -283,9 +328,10 @@ class RoundEngine:
                 m.accuracy.labels(m.family_label(family)).set(fs.accuracy)
                 m.loss.labels(m.family_label(family)).set(fs.loss)
         acc = "-" if summary.accuracy is None else f"{summary.accuracy:.4f}"
-        log.info("round %d %s: %d/%d answered (%d straggling, %d dropped), accuracy %s, %.1fs%s",
+        log.info("round %d %s: %d/%d answered (%d straggling, %d dropped, %d surplus), accuracy %s, %.1fs%s",
                  summary.round, summary.outcome, summary.answered, summary.selected, len(stragglers),
-                 len(dropouts), acc, summary.duration_s, f" ({summary.reason})" if summary.reason else "")
+                 len(dropouts), summary.surplus, acc, summary.duration_s,
+                 f" ({summary.reason})" if summary.reason else "")
         if stragglers or dropouts:
             log.info("round %d missing: straggling %s, dropped %s", summary.round, sorted(stragglers), sorted(dropouts))
         if self.on_round_closed is not None:
@@ -301,18 +347,18 @@ class RoundEngine:
         self.metrics.checkpointed(size)
 
     def _publish_states(self) -> int:
-        """Publish (retained) every family state not yet on the broker; clear superseded ones."""
+        """Publish (retained) every family state not yet sent on this connection; clear superseded ones."""
         sent = 0
         for family, state in self.strategy.states.items():
-            if self._published_states.get(family) == (state.round, state.digest):
+            if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
             payload = encode_message(state.message(self.run_id, family))
             for piece in split_payload(payload, self.settings.max_message_bytes or len(payload)):
                 sent += self._publish(self.topics.global_state(family, state.round), piece, "global_state", retain=True)
-            previous = self._published_states.get(family)
-            if previous is not None and previous[0] != state.round:
-                self._publish(self.topics.global_state(family, previous[0]), b"", "global_state", retain=True)
-            self._published_states[family] = (state.round, state.digest)
+            superseded = self.retained.published(family, state.round, state.digest)
+            if superseded is not None:
+                self._publish(self.topics.global_state(family, superseded), b"", "global_state", retain=True)
+        self.retained.save()
         return sent
 
     def _publish_status(self, state: str) -> None:
@@ -338,7 +384,7 @@ class RoundEngine:
 
     def _refresh_online_gauges(self, now: float) -> None:
         counts = self.registry.online_by_device(now)
-        for device in {"jetson", "rpi", "phone", "cpu", "other"}:
+        for device in ("jetson", "rpi", "phone", "cpu", "other"):
             self.metrics.agents_online.labels(device).set(0)
         for device, count in counts.items():
             self.metrics.agents_online.labels(self.metrics.device_label(device)).inc(count)

@@ -66,7 +66,7 @@ class InboundFilter:
                          f"status names {status.agent_id}")
             return
         previous = self.engine.registry.get(status.agent_id)
-        self.engine.registry.observe(status, self.engine.clock())
+        self.engine.observe_agent(status)
         if previous is None or previous.status.state != status.state:
             log.info("agent %s (%s, %s, %d samples) is %s", status.agent_id, status.device, status.family,
                      status.num_samples, status.state)

@@ -76,6 +76,12 @@ class CoordinatorMetrics:
         self.epsilon_max = Gauge("fl_privacy_epsilon_max", "Largest DP epsilon spent by any agent", registry=r)
         self.broker_connected = Gauge("fl_broker_connected", "1 while connected to the broker", registry=r)
         self.reconnects = Counter("fl_broker_reconnects_total", "Reconnections to the broker", registry=r)
+        self.agent_reconnects = Counter("fl_agent_reconnects_total",
+                                        "Broker reconnections agents reported, by device class", ["device"],
+                                        registry=r)
+        self.agent_restarts = Counter("fl_agent_restarts_total",
+                                      "Agents seen coming back as a new process, by device class", ["device"],
+                                      registry=r)
         self.checkpoint_time = Gauge("fl_checkpoint_last_timestamp_seconds", "Unix time of the last checkpoint",
                                      registry=r)
         self.checkpoint_age = Gauge("fl_checkpoint_age_seconds", "Seconds since the last checkpoint", registry=r)

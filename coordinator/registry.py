@@ -13,10 +13,24 @@ class AgentRecord:
     status: AgentStatus
     last_seen: float
     """Coordinator clock (monotonic) at the last status received, not the agent's own clock."""
+    reconnects: int = 0
+    """Most reconnects this agent process has reported (a last will repeats the count of its connect)."""
 
     @property
     def agent_id(self) -> str:
         return self.status.agent_id
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one status told about an agent, compared with the status before it."""
+
+    known: bool
+    """The agent had sent a status before (to this coordinator process)."""
+    restarted: bool
+    """Its process changed since the last status: it restarted (or a second device uses its id)."""
+    new_reconnects: int
+    """Reconnects it made since the last status this coordinator saw."""
 
 
 class AgentRegistry:
@@ -24,10 +38,24 @@ class AgentRegistry:
         self.timeout_s = timeout_s
         self._agents: dict[str, AgentRecord] = {}
 
-    def observe(self, status: AgentStatus, now: float) -> AgentRecord:
-        record = AgentRecord(status, now)
-        self._agents[status.agent_id] = record
-        return record
+    def observe(self, status: AgentStatus, now: float) -> Observation:
+        """Record ``status`` and say how it differs from the previous one.
+
+        Reconnects are counted from the second status of a process on, so that a coordinator
+        restart does not count the fleet's earlier reconnects again.
+        """
+        previous = self._agents.get(status.agent_id)
+        restarted = (previous is not None and status.session is not None
+                     and previous.status.session is not None and status.session != previous.status.session)
+        if previous is None:
+            new_reconnects = 0
+        elif restarted:
+            new_reconnects = status.reconnects
+        else:
+            new_reconnects = max(0, status.reconnects - previous.reconnects)
+        seen = status.reconnects if previous is None or restarted else max(previous.reconnects, status.reconnects)
+        self._agents[status.agent_id] = AgentRecord(status, now, seen)
+        return Observation(known=previous is not None, restarted=restarted, new_reconnects=new_reconnects)
 
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""
@@ -37,17 +65,26 @@ class AgentRegistry:
         return self._agents.get(agent_id)
 
     def is_online(self, agent_id: str, now: float) -> bool:
+        """Connected and heard from within the timeout (a budget-exhausted agent is online but idle)."""
         record = self._agents.get(agent_id)
         return (
             record is not None
-            and record.status.state == "online"
+            and record.status.state != "offline"
             and now - record.last_seen <= self.timeout_s
         )
 
+    def is_available(self, agent_id: str, now: float) -> bool:
+        """May be selected: online, and neither says nor shows that its privacy budget is spent."""
+        record = self._agents.get(agent_id)
+        if record is None or record.status.state != "online" or not self.is_online(agent_id, now):
+            return False
+        privacy = record.status.privacy
+        return privacy is None or not privacy.exhausted
+
     def available(self, now: float) -> list[AgentRecord]:
-        """Agents that may be selected: online, heard from recently, budget not spent."""
+        """Agents that may be selected, sorted by id."""
         return sorted(
-            (r for r in self._agents.values() if self.is_online(r.agent_id, now)),
+            (r for r in self._agents.values() if self.is_available(r.agent_id, now)),
             key=lambda r: r.agent_id,
         )
 

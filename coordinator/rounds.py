@@ -17,7 +17,11 @@ class OpenRound:
     deadline: float
     """Coordinator monotonic clock."""
     opened: float
+    wanted: int
+    """Updates that close the round before its deadline (fewer than selected when over-selecting)."""
     updates: dict[str, Update] = field(default_factory=dict)
+    went_offline: set[str] = field(default_factory=set)
+    """Selected agents seen going offline while the round was open: dropouts unless they answered."""
     bytes_in: int = 0
     bytes_out: int = 0
     rejected: int = 0
@@ -30,11 +34,13 @@ class OpenRound:
     def selected(self) -> list[str]:
         return self.announcement.selected
 
-    def everyone_answered(self) -> bool:
-        return len(self.updates) == len(self.announcement.selected)
+    def enough_answered(self) -> bool:
+        return len(self.updates) >= min(self.wanted, len(self.selected))
 
     def quorum(self, fraction: float, minimum: int) -> int:
-        return min(len(self.selected), max(minimum, math.ceil(fraction * len(self.selected))))
+        """Updates needed to aggregate at the deadline: a fraction of those wanted, not of those selected."""
+        wanted = min(self.wanted, len(self.selected))
+        return min(wanted, max(minimum, math.ceil(fraction * wanted)))
 
 
 @dataclass
@@ -67,6 +73,8 @@ class RoundSummary:
     train_loss: float | None
     closed_at: float
     families: dict[str, FamilySummary] = field(default_factory=dict)
+    surplus: int = 0
+    """Over-selected agents still working when the round closed early (neither stragglers nor dropouts)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -18,7 +18,8 @@ from coordinator.http_server import HealthServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.rounds import RoundSummary
 from coordinator.strategies import build_strategy
-from protocol.mqtt import MqttLink, Will
+from protocol.durable import atomic_write_bytes
+from protocol.mqtt import Backoff, Connection, MqttLink, Will
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class CoordinatorService:
         self.metrics = CoordinatorMetrics(registry)
         self.engine = RoundEngine(
             settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
-            on_round_closed=self._append_summary,
+            on_round_closed=self._append_summary, on_history_loaded=self._reconcile_rounds_log,
         )
         self._inbox: queue.Queue[tuple[str, object, object]] = queue.Queue()
         self._link: MqttLink | None = None
@@ -57,7 +58,8 @@ class CoordinatorService:
             subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1)],
             will=Will(topics.coordinator_status, self.engine.offline_status()),
             persistent_session=True,
-            on_connected=lambda again: self._inbox.put(("connected", again, None)),
+            backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),
+            on_connected=lambda connection: self._inbox.put(("connected", connection, None)),
             on_disconnected=lambda: self._inbox.put(("disconnected", None, None)),
         )
         self._link.start()
@@ -92,18 +94,46 @@ class CoordinatorService:
         if kind == "message":
             self.engine.on_message(first, second)  # type: ignore[arg-type]
         elif kind == "connected":
-            if first:
+            assert isinstance(first, Connection)
+            if first.reconnect:
                 self.metrics.reconnects.inc()
-                log.info("reconnected to the broker")
-            self.engine.on_connection(True)
+                log.info("reconnected to the broker (session %s)", "kept" if first.session_present else "lost")
+            self.engine.on_connection(True, first.session_present)
         elif kind == "disconnected":
-            log.warning("lost the broker connection")
+            if self.engine.connected:  # paho may report one loss twice
+                log.warning("lost the broker connection")
             self.engine.on_connection(False)
 
+    @property
+    def rounds_log(self) -> Path:
+        return Path(self.settings.state_dir) / "rounds.jsonl"
+
     def _append_summary(self, summary: RoundSummary) -> None:
-        path = Path(self.settings.state_dir) / "rounds.jsonl"
-        with path.open("a") as handle:
+        with self.rounds_log.open("a") as handle:
             handle.write(json.dumps(summary.to_dict()) + "\n")
+
+    def _reconcile_rounds_log(self, history: list[RoundSummary]) -> None:
+        """Make rounds.jsonl agree with the checkpoint after a crash between the two writes.
+
+        A line torn by a crash mid-write is dropped; rounds the checkpoint has but the log lacks
+        are appended.
+        """
+        text = self.rounds_log.read_text() if self.rounds_log.exists() else ""
+        kept, logged = [], set()
+        for line in text.splitlines():
+            try:
+                logged.add(int(json.loads(line)["round"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            kept.append(line)
+        if len(kept) != len(text.splitlines()):
+            log.warning("dropped %d torn line(s) from %s", len(text.splitlines()) - len(kept), self.rounds_log)
+            atomic_write_bytes(self.rounds_log, "".join(f"{line}\n" for line in kept).encode())
+        missing = [s for s in history if s.round not in logged]
+        if missing:
+            log.info("rounds.jsonl lacked round(s) %s; appended them from the checkpoint", [s.round for s in missing])
+        for summary in missing:
+            self._append_summary(summary)
 
     def _healthy(self) -> tuple[bool, str]:
         stalled = time.monotonic() - self._last_loop

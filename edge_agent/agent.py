@@ -2,23 +2,37 @@
 
 MQTT callbacks only enqueue; this loop does the work on one thread, so training never
 blocks the network thread (keep-alives and acknowledgements keep flowing).
+
+Surviving faults:
+* a reconnect re-subscribes, and the retained announcement and global state tell the agent
+  where the run is; a round it missed while disconnected is answered if still announced;
+* a process that starts while a round it was selected for is in progress (it restarted
+  mid-round, so the coordinator counted it as dropped) joins from the next round;
+* when the coordinator's session changes (it restarted, or the broker lost its queue) and
+  it re-announces a round this agent already answered, the agent sends the same update
+  again: the coordinator may have lost it; a copy it already has is dropped as a duplicate;
+* optional simulated straggling holds a finished update back for a drawn delay, during
+  which the agent keeps its heartbeat but takes no new round (it is "still computing").
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import secrets
 import threading
 import time
+from dataclasses import dataclass
 
 from edge_agent.profiles import DeviceProfile
 from edge_agent.state import AgentStateDir
+from edge_agent.stragglers import OFF, DelayModel
 from edge_agent.worker import LocalWorker
 from protocol.chunking import Reassembler, split_payload
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, Chunk, CoordinatorStatus, GlobalState, RoundAnnouncement, Update
-from protocol.mqtt import BrokerAddress, MqttLink, Will
+from protocol.mqtt import Backoff, BrokerAddress, MqttLink, Will
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
@@ -26,6 +40,25 @@ from protocol.wire import decode_message, encode_message
 log = logging.getLogger(__name__)
 
 _SMALL = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
+
+
+@dataclass
+class SentUpdate:
+    """The last update published, kept to send again to a coordinator that may have lost it."""
+
+    run_id: str
+    round: int
+    pieces: list[bytes]
+    session: str | None
+    """The coordinator session it was last sent to (None: no coordinator status seen yet)."""
+
+
+@dataclass
+class HeldUpdate:
+    """A finished update held back by the straggler simulation until ``due`` (monotonic clock)."""
+
+    update: Update
+    due: float
 
 
 class EdgeAgent:
@@ -42,6 +75,8 @@ class EdgeAgent:
         max_message_bytes: int = 0,
         exit_when_finished: bool = False,
         state_limits: DecodeLimits | None = None,
+        straggler: DelayModel = OFF,
+        backoff: Backoff | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.profile = profile
@@ -53,13 +88,21 @@ class EdgeAgent:
         self.max_message_bytes = max_message_bytes
         self.exit_when_finished = exit_when_finished
         self.state_limits = state_limits or DecodeLimits()
+        self.straggler = straggler
+        self.backoff = backoff
+        self.session = secrets.token_hex(6)
+        """New on every process start; the coordinator counts a change as a restart."""
         self.announcement: RoundAnnouncement | None = None
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
         self.rounds_answered = 0
         self._reassembler = Reassembler(max_transfers=4)
-        self._inbox: queue.Queue[tuple[str, str, bytes]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[str, str, bytes, bool]] = queue.Queue()
         self._link: MqttLink | None = None
+        self._seen_announcement = False
+        self._joined_mid_round: tuple[str, int] | None = None
+        self._sent: SentUpdate | None = None
+        self._held: HeldUpdate | None = None
         progress = state.read_json("progress") or {}
         self._answered: tuple[str, int] | None = (
             (progress["run_id"], int(progress["round"])) if "run_id" in progress else None)
@@ -69,7 +112,8 @@ class EdgeAgent:
         return AgentStatus(
             agent_id=self.agent_id, state=state, device=self.profile.name, family=self.worker.family,  # type: ignore[arg-type]
             num_samples=len(self.worker.data.train), num_eval_samples=len(self.worker.data.held_out),
-            version=SOFTWARE_VERSION, timestamp=time.time(),
+            version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session,
+            reconnects=self._link.reconnects if self._link is not None else 0,
         )
 
     def _publish_status(self) -> None:
@@ -81,26 +125,30 @@ class EdgeAgent:
         topics = self.topics
         self._link = MqttLink(
             self.agent_id, self.broker,
-            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload)),
+            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload, retained)),
             subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1),
                            (topics.global_states_of(self.worker.family), 1)],
             will=Will(topics.agent_status(self.agent_id), encode_message(self.status("offline"))),
-            on_connected=lambda again: self._inbox.put(("connected", "", b"")),
+            backoff=self.backoff,
+            on_connected=lambda connection: self._inbox.put(("connected", "", b"", False)),
         )
         self._link.start()
         next_heartbeat = time.monotonic() + self.heartbeat_s
         try:
             while not stop.is_set():
+                wake = next_heartbeat if self._held is None else min(next_heartbeat, self._held.due)
                 try:
-                    kind, topic, payload = self._inbox.get(timeout=max(0.0, next_heartbeat - time.monotonic()))
+                    kind, topic, payload, retained = self._inbox.get(timeout=max(0.0, wake - time.monotonic()))
                 except queue.Empty:
-                    kind = "heartbeat"
-                if kind == "connected" or kind == "heartbeat":
+                    kind, topic, payload, retained = "timer", "", b"", False
+                if kind == "connected" or time.monotonic() >= next_heartbeat:
                     if self._link.connected:
                         self._publish_status()
                     next_heartbeat = time.monotonic() + self.heartbeat_s
-                elif kind == "message":
-                    self._on_message(topic, payload)
+                if kind == "message":
+                    self._on_message(topic, payload, retained)
+                if self._held is not None and time.monotonic() >= self._held.due:
+                    self._release_held()
                 if self._finished():
                     log.info("the coordinator finished the run; exiting")
                     break
@@ -115,13 +163,13 @@ class EdgeAgent:
         return self.exit_when_finished and self.coordinator is not None and self.coordinator.state == "finished"
 
     # -- messages -------------------------------------------------------------------------
-    def _on_message(self, topic: str, payload: bytes) -> None:
+    def _on_message(self, topic: str, payload: bytes, retained: bool) -> None:
         try:
             parsed = self.topics.parse(topic)
             if parsed.kind == "coordinator_status" and payload:
                 self.coordinator = decode_message(payload, CoordinatorStatus, _SMALL)
             elif parsed.kind == "round" and payload:
-                self.announcement = decode_message(payload, RoundAnnouncement, _SMALL)
+                self._on_announcement(decode_message(payload, RoundAnnouncement, _SMALL), retained)
             elif parsed.kind == "global_state" and parsed.family == self.worker.family:
                 # Some brokers (amqtt) also replay other families' retained states on connect;
                 # states are keyed by round only, so a foreign one would shadow ours.
@@ -130,6 +178,28 @@ class EdgeAgent:
             log.warning("dropped a message on %s: %s", topic, exc)
             return
         self._maybe_answer()
+
+    def _on_announcement(self, ann: RoundAnnouncement, retained: bool) -> None:
+        if not self._seen_announcement:
+            self._seen_announcement = True
+            if retained and self.agent_id in ann.selected and self._answered != (ann.run_id, ann.round):
+                # Selected before this process existed: its previous incarnation died mid-round.
+                self._joined_mid_round = (ann.run_id, ann.round)
+                log.info("started while round %d was in progress; joining from the next round", ann.round)
+        self.announcement = ann
+        self._maybe_resend(ann)
+
+    def _maybe_resend(self, ann: RoundAnnouncement) -> None:
+        """Send the update for ``ann`` again if a new coordinator session announced it."""
+        sent, coordinator = self._sent, self.coordinator
+        if sent is None or (sent.run_id, sent.round) != (ann.run_id, ann.round):
+            return
+        if coordinator is None or coordinator.run_id != ann.run_id or coordinator.session == sent.session:
+            return
+        log.info("coordinator session %s re-announced round %d: sending the update again", coordinator.session,
+                 ann.round)
+        self._publish_pieces(self.topics.update(self.agent_id, ann.round), sent.pieces)
+        sent.session = coordinator.session
 
     def _on_global_state(self, round_number: int, payload: bytes) -> None:
         if not payload:
@@ -151,7 +221,9 @@ class EdgeAgent:
     # -- work -----------------------------------------------------------------------------
     def _maybe_answer(self) -> None:
         ann = self.announcement
-        if ann is None or self.agent_id not in ann.selected or self._answered == (ann.run_id, ann.round):
+        if ann is None or self.agent_id not in ann.selected or self._held is not None:
+            return
+        if (ann.run_id, ann.round) in (self._answered, self._joined_mid_round):
             return
         ref = ann.states.get(self.worker.family)
         global_state = None
@@ -165,18 +237,35 @@ class EdgeAgent:
             log.error("cannot answer round %d: %s", ann.round, exc)
             self._mark_answered(ann)
             return
-        self._publish_update(update)
         self._mark_answered(ann)
+        delay = self.straggler.sample(self.agent_id, ann.round) if ann.task == "train" else 0.0
+        if delay > 0:
+            log.info("round %d: straggling, holding the update back for %.1fs", ann.round, delay)
+            self._held = HeldUpdate(update, time.monotonic() + delay)
+            return
+        self._send_update(update)
+
+    def _release_held(self) -> None:
+        assert self._held is not None
+        update, self._held = self._held.update, None
+        self._send_update(update)
+        self._maybe_answer()  # a round announced meanwhile
+
+    def _send_update(self, update: Update) -> None:
+        payload = encode_message(update)
+        pieces = split_payload(payload, self.max_message_bytes or len(payload))
+        self._publish_pieces(self.topics.update(self.agent_id, update.round), pieces)
+        session = self.coordinator.session if self.coordinator is not None else None
+        self._sent = SentUpdate(update.run_id, update.round, pieces, session)
         self.rounds_answered += 1
-        log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f", ann.round, ann.task,
+        log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f", update.round, update.task,
                  "weights" if update.weights else "delta" if update.delta else "metrics",
                  update.metrics.eval_accuracy or 0.0)
 
-    def _publish_update(self, update: Update) -> None:
+    def _publish_pieces(self, topic: str, pieces: list[bytes]) -> None:
+        """QoS 1: queued by paho while disconnected and sent (again) after the reconnect."""
         assert self._link is not None
-        payload = encode_message(update)
-        topic = self.topics.update(self.agent_id, update.round)
-        for piece in split_payload(payload, self.max_message_bytes or len(payload)):
+        for piece in pieces:
             self._link.publish(topic, piece, qos=1)
 
     def _mark_answered(self, ann: RoundAnnouncement) -> None:

@@ -12,6 +12,7 @@ from edge_agent.data.local import build_local_data
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.worker import LocalWorker
+from protocol.mqtt import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,10 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True) -> EdgeAge
     worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state)
     log.info("agent %s: device %s, family %s on %s, %d train / %d held-out samples",
              agent_id, profile.name, family, device, len(data.train), len(data.held_out))
+    straggler = settings.straggler_model()
+    if straggler.kind != "off":
+        log.info("agent %s: simulating stragglers, extra training time %s seconds", agent_id, straggler)
     return EdgeAgent(agent_id, settings.federation, settings.broker_address(), profile, worker, state,
                      heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
-                     exit_when_finished=settings.exit_when_finished)
+                     exit_when_finished=settings.exit_when_finished, straggler=straggler,
+                     backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s))

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from edge_agent.stragglers import DelayModel, parse_delay
 from protocol.mqtt import BrokerAddress
 from protocol.topics import check_identifier
 
@@ -37,6 +38,11 @@ class AgentSettings(BaseSettings):
     threads: int | None = Field(default=None, ge=0)
     batch_size: int | None = Field(default=None, ge=1)
     heartbeat_s: float = Field(default=15.0, gt=0.0)
+    reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
+    reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
+    straggler_delay: str = Field(default="off", description=(
+        "simulated extra compute time per training round, for demos and benchmarks: off, profile (the "
+        "device profile's distribution), constant:S, uniform:A,B, lognormal:MEDIAN,SIGMA, exponential:MEAN"))
     max_message_bytes: int = Field(default=0, ge=0, description="split updates above this size; 0 never")
     exit_when_finished: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -65,7 +71,13 @@ class AgentSettings(BaseSettings):
             raise ValueError("num_partitions > 1 needs a partition kind (iid, dirichlet, classes)")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
+        self.straggler_model()
         return self
+
+    def straggler_model(self) -> DelayModel:
+        return parse_delay(self.straggler_delay, self.device)
 
     def broker_address(self) -> BrokerAddress:
         address = BrokerAddress.parse(self.broker_url)

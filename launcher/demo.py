@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 
 from coordinator.rounds import RoundSummary
+from edge_agent.stragglers import parse_delay
 from launcher import report
 from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoBroker
 from launcher.evaluate import CentralEvaluation, central_evaluation
@@ -72,6 +73,9 @@ class DemoConfig:
     devices: list[str] = field(default_factory=lambda: list(DEVICES))
     eval_fraction: float = DEFAULT_EVAL_FRACTION
     min_accuracy: float = 0.0
+    stragglers: str = "off"
+    """Agents' simulated extra training time (edge-agent ``straggler_delay``), e.g. ``profile``."""
+    over_selection: float = 0.0
 
 
 @dataclass
@@ -111,7 +115,9 @@ def coordinator_settings(config: DemoConfig) -> dict[str, Any]:
         "seed": config.seed, "init_seed": config.seed,
         # The whole fleet joins before round 1, so every family bootstraps from all its agents.
         "min_available_agents": config.agents, "min_fit_agents": min(2, config.agents),
-        "agent_timeout_s": max(90.0, 3 * config.deadline_s),
+        "agent_timeout_s": max(90.0, 3 * config.deadline_s), "over_selection": config.over_selection,
+        # Over-selecting needs room: want 1/(1+X) of the fleet, so that asking X more asks everyone.
+        "fraction_fit": 1.0 / (1.0 + config.over_selection),
     }
 
 
@@ -130,7 +136,8 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         raise typer.BadParameter(f"{run_dir} is not empty; choose another --out", param_hint="--out")
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(default_fleet(config.agents, config.devices), partition=config.partition, alpha=config.alpha,
-                     data_seed=config.seed, threads=1, agent_settings={"eval_fraction": config.eval_fraction})
+                     data_seed=config.seed, threads=1,
+                     agent_settings={"eval_fraction": config.eval_fraction, "straggler_delay": config.stragglers})
     started = time.monotonic()
     broker = _start_broker(config, run_dir, console)
     broker_url = config.broker_url or (broker.url if broker else "")
@@ -275,6 +282,12 @@ def demo(
                                         help="share of each agent's data held out for the per-round federated score"),
     min_accuracy: float = typer.Option(0.0, "--min-accuracy", min=0.0, max=1.0,
                                        help="fail unless the overall central test accuracy reaches this"),
+    stragglers: str = typer.Option("off", "--stragglers", help=(
+        "simulated slow devices: off, profile (each device class's delay distribution), or a distribution "
+        "such as lognormal:5,0.8 (see edge-agent --straggler-delay)")),
+    over_selection: float = typer.Option(0.0, "--over-selection", min=0.0, max=10.0,
+                                         help="want 1/(1+X) of the fleet's updates per round, ask X more "
+                                              "agents, and close each round once the wanted number answered"),
 ) -> None:
     """Run a federated training demo on this machine and write a report."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -282,10 +295,15 @@ def demo(
     unknown = sorted(set(kinds) - {"jetson", "rpi", "phone", "cpu"})
     if unknown or not kinds:
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
+    try:
+        parse_delay(stragglers, "cpu")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--stragglers") from None
     config = DemoConfig(agents=agents, rounds=rounds, partition=partition.value, alpha=alpha, broker_url=broker,
                         embedded=embedded.value, out=out, local_epochs=local_epochs, learning_rate=learning_rate,
                         momentum=momentum, batch_size=batch_size, deadline_s=deadline, seed=seed, timeout_s=timeout,
-                        devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy)
+                        devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy,
+                        stragglers=stragglers, over_selection=over_selection)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:

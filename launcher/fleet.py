@@ -29,6 +29,8 @@ class AgentSpec:
     """Agent id on the wire and name of its state directory."""
     device: str
     partition_index: int
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """Edge-agent settings for this agent alone (e.g. a straggler delay); they win over the fleet's."""
 
     @property
     def family(self) -> str:
@@ -202,7 +204,7 @@ class Fleet:
             "num_partitions": 1 if shared else len(s.agents),
             "partition_index": 0 if shared else agent.partition_index,
             "alpha": s.alpha, "data_seed": s.data_seed, "threads": s.threads, "exit_when_finished": True,
-            **s.agent_settings,
+            **s.agent_settings, **agent.settings,
         }
         return [self.python, "-m", "edge_agent", "run", *as_flags(merged)]
 

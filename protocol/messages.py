@@ -45,7 +45,9 @@ class CoordinatorStatus(Message):
     federation: Identifier
     run_id: Identifier
     session: Identifier
-    """New on every coordinator start, so agents can tell that it restarted."""
+    """New on every coordinator start, and whenever the broker lost the coordinator's persistent
+    session: updates sent under an earlier session may never have reached it, so agents that
+    answered the open round send their update again when they see a new one."""
     state: Literal["online", "offline", "finished"]
     round: Round
     algorithm: Algorithm
@@ -73,6 +75,10 @@ class AgentStatus(Message):
     version: str = Field(max_length=64)
     timestamp: float
     privacy: PrivacySpent | None = None
+    session: Identifier | None = None
+    """New on every agent process start, so the coordinator can tell restarts from reconnects."""
+    reconnects: NonNegativeInt = 0
+    """Broker reconnections of this agent process so far."""
 
 
 class StateRef(WireModel):

@@ -79,6 +79,16 @@ class Backoff:
 
 
 @dataclass(frozen=True)
+class Connection:
+    """What ``on_connected`` learns about each successful connect."""
+
+    reconnect: bool
+    """False for the first connect of this link, True for every later one."""
+    session_present: bool
+    """The broker still held this client's persistent session (subscriptions and queued QoS 1 messages)."""
+
+
+@dataclass(frozen=True)
 class Will:
     topic: str
     payload: bytes
@@ -100,7 +110,7 @@ class MqttLink:
         keepalive_s: int = 30,
         max_inflight: int = 1000,
         backoff: Backoff | None = None,
-        on_connected: Callable[[bool], None] | None = None,
+        on_connected: Callable[[Connection], None] | None = None,
         on_disconnected: Callable[[], None] | None = None,
     ) -> None:
         self.client_id = client_id
@@ -109,6 +119,7 @@ class MqttLink:
         self.keepalive_s = keepalive_s
         self.backoff = backoff or Backoff()
         self.connects = 0
+        """Successful connects so far; ``reconnects`` is this minus the first."""
         self._on_message = on_message
         self._on_connected = on_connected
         self._on_disconnected = on_disconnected
@@ -146,6 +157,10 @@ class MqttLink:
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
+
+    @property
+    def reconnects(self) -> int:
+        return max(0, self.connects - 1)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Disconnect cleanly (the broker then does not send the last will)."""
@@ -203,7 +218,7 @@ class MqttLink:
         self.connects += 1
         self._connected.set()
         if self._on_connected is not None:
-            self._on_connected(self.connects > 1)
+            self._on_connected(Connection(reconnect=self.connects > 1, session_present=bool(flags.session_present)))
 
     def _handle_disconnect(self, client: paho.Client, userdata: object, flags: paho.DisconnectFlags,
                            reason_code: paho.ReasonCode, properties: object) -> None:

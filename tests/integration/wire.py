@@ -40,6 +40,7 @@ class WireRecorder:
         self._client.max_inflight_messages_set(1000)
         if address.username:
             self._client.username_pw_set(address.username, address.password)
+        self._client.reconnect_delay_set(0.1, 1)  # chaos tests restart the broker: come back fast
         self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic_filter, qos=1)
         self._client.on_subscribe = lambda c, u, mid, rcs, p: self._subscribed.set()
         self._client.on_message = self._on_message

@@ -203,8 +203,8 @@ def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     assert [s.round for s in again.history] == [1]
     assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).round == 2
 
-    clock.now += 60  # restarted after the deadline: the round is closed as interrupted, numbers move on
-    third, _, _ = make_engine(tmp_path, clock)
+    clock.now += 60  # restarted after the deadline, without a grace period: closed as interrupted, numbers move on
+    third, _, _ = make_engine(tmp_path, clock, resume_grace_s=0.0)
     assert third.history[-1].outcome == "interrupted" and third.next_round == 3 and third.open is None
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.selection import select_agents
+from coordinator.selection import plan_selection, select_agents
 
 FAST = settings(deadline=None, max_examples=80)
 
@@ -79,3 +79,19 @@ def test_every_agent_is_eventually_selected() -> None:
 
 def test_empty_pool_selects_nobody() -> None:
     assert select_agents([], 0, seed=0, fraction=1.0, minimum=3) == []
+
+
+@FAST
+@given(agent_pools, round_numbers, seeds, percentages, st.integers(0, 50), st.integers(0, 200))
+def test_over_selection_adds_agents_on_top_of_the_wanted_number(
+    pool: list[str], round_number: int, seed: int, percent: int, minimum: int, extra_percent: int
+) -> None:
+    plan = plan_selection(pool, round_number, seed=seed, fraction=percent / 100, minimum=minimum,
+                          over_selection=extra_percent / 100)
+    wanted = expected_size(len(pool), percent, minimum)
+    assert plan.wanted == wanted
+    assert len(plan.selected) == min(len(pool), math.ceil(Fraction(wanted) * Fraction(100 + extra_percent, 100)))
+    assert plan.selected == sorted(set(plan.selected)) and set(plan.selected) <= set(pool)
+    # Without over-selection the plan is exactly the plain selection.
+    plain = select_agents(pool, round_number, seed=seed, fraction=percent / 100, minimum=minimum)
+    assert plan_selection(pool, round_number, seed=seed, fraction=percent / 100, minimum=minimum).selected == plain
