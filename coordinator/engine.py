@@ -22,6 +22,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.evaluation import federated_metrics, metrics_by_family
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.privacy import FleetPrivacy
 from coordinator.registry import AgentRegistry
 from coordinator.rounds import FamilySummary, OpenRound, RoundSummary
 from coordinator.selection import select_agents
@@ -75,7 +76,7 @@ class RoundEngine:
         self.connected = False
         self._published_states: dict[str, tuple[int, str]] = {}
         self._last_wait_log = -1e9
-        self._epsilon: dict[str, float] = {}
+        self.privacy = FleetPrivacy(metrics)
 
     # -- start-up --------------------------------------------------------------------
     def restore(self) -> None:
@@ -125,12 +126,8 @@ class RoundEngine:
         self.open.updates[update.agent_id] = update
         self.open.bytes_in += size
         self.metrics.updates.labels("accepted").inc()
-        if update.privacy is not None:
-            record = self.registry.get(update.agent_id)
-            device = self.metrics.device_label(record.status.device if record else "other")
-            self._epsilon[device] = max(update.privacy.epsilon, self._epsilon.get(device, 0.0))
-            self.metrics.epsilon.labels(device).set(self._epsilon[device])
-            self.metrics.epsilon_max.set(max(self._epsilon.values()))
+        record = self.registry.get(update.agent_id)
+        self.privacy.observe(update.agent_id, record.status.device if record else "other", update.privacy)
 
     def on_connection(self, connected: bool) -> None:
         """After every (re)connect, republish what must be retained: the broker may have lost it."""
@@ -231,7 +228,8 @@ class RoundEngine:
             duration_s=round(now - open_round.opened, 3), deadline_s=open_round.announcement.deadline_s,
             bytes_in=open_round.bytes_in, bytes_out=open_round.bytes_out,
             accuracy=overall.accuracy, loss=overall.loss, train_loss=overall.train_loss,
-            closed_at=self.wall_clock(),
+            closed_at=self.wall_clock(), epsilon_max=self.privacy.epsilon_max,
+            budget_exhausted=self.privacy.exhausted,
             families={f: FamilySummary(len([u for u in open_round.updates.values() if u.family == f]),
                                        m.accuracy, m.loss)
                       for f, m in metrics_by_family(open_round.updates.values()).items()},

@@ -67,6 +67,10 @@ class RoundSummary:
     train_loss: float | None
     closed_at: float
     families: dict[str, FamilySummary] = field(default_factory=dict)
+    epsilon_max: float | None = None
+    """Largest DP epsilon any agent had reported by the round's close; None without DP."""
+    budget_exhausted: int = 0
+    """Agents whose DP budget was spent by the round's close."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
