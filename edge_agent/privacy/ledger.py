@@ -15,6 +15,7 @@ anything is spent.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -22,7 +23,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from opacus.accountants import RDPAccountant, create_accountant
+from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.accountants.utils import get_noise_multiplier
 
 from edge_agent.privacy.config import DPConfig, Mechanism
@@ -37,6 +40,20 @@ FORMAT_VERSION = 1
 _EPSILON_SLACK = 1e-9  # float noise when comparing against a budget
 _RDP_ORDERS = [*RDPAccountant.DEFAULT_ALPHAS, *range(64, 257, 4)]
 """Opacus's default orders stop at 63, too low for the few-step, large-epsilon budgets of small devices."""
+
+
+@functools.lru_cache(maxsize=256)
+def _rdp_per_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
+    """Opacus's RDP curve of one step; RDP composes by addition, so a history costs one curve per (sigma, q)."""
+    return rdp_analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=_RDP_ORDERS)
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate(target_epsilon: float, delta: float, sample_rate: float, steps: int, mechanism: Mechanism) -> float:
+    """Opacus's noise calibration; cached, as agents with equal data sizes in one process ask the same."""
+    options: dict[str, Any] = {"alphas": _RDP_ORDERS} if mechanism == "rdp" else {}
+    return float(get_noise_multiplier(target_epsilon=target_epsilon, target_delta=delta, sample_rate=sample_rate,
+                                      steps=steps, accountant=mechanism, **options))
 
 
 @dataclass(frozen=True)
@@ -102,7 +119,6 @@ class PrivacyLedger:
         """What the last round cost: the yardstick for whether another round fits."""
         self.calibration: dict[str, Any] | None = None
         self._accountant = create_accountant(mechanism)
-        self._epsilon_options: dict[str, Any] = {"alphas": _RDP_ORDERS} if mechanism == "rdp" else {}
         self._epsilon = 0.0
         self._exhausted: bool | None = None
 
@@ -112,8 +128,11 @@ class PrivacyLedger:
         history = _compose(self.history, charges, self.mechanism)
         if not history:
             return 0.0
+        if self.mechanism == "rdp":  # what RDPAccountant.get_epsilon computes, with each curve computed once
+            rdp = sum(steps * _rdp_per_step(sigma, rate) for sigma, rate, steps in history)
+            return float(rdp_analysis.get_privacy_spent(orders=_RDP_ORDERS, rdp=rdp, delta=self.delta)[0])
         self._accountant.load_state_dict({"history": history, "mechanism": self.mechanism})
-        return float(self._accountant.get_epsilon(delta=self.delta, **self._epsilon_options))
+        return float(self._accountant.get_epsilon(delta=self.delta))
 
     @property
     def epsilon(self) -> float:
@@ -163,18 +182,17 @@ class PrivacyLedger:
             raise PrivacyUnsupported(
                 f"dp_target_epsilon calibrates the noise once, for an unspent budget, but this agent already "
                 f"spent epsilon {self._epsilon:.4g}: set dp_noise_multiplier and dp_budget_epsilon instead")
-        sigma = get_noise_multiplier(target_epsilon=config.target_epsilon, target_delta=self.delta,
-                                     sample_rate=sample_rate, steps=config.planned_rounds * steps_per_round,
-                                     accountant=self.mechanism, **self._epsilon_options)
+        sigma = _calibrate(config.target_epsilon, self.delta, sample_rate, config.planned_rounds * steps_per_round,
+                           self.mechanism)
         self.calibration = {
-            "noise_multiplier": float(sigma), "target_epsilon": config.target_epsilon,
+            "noise_multiplier": sigma, "target_epsilon": config.target_epsilon,
             "planned_rounds": config.planned_rounds, "sample_rate": sample_rate, "steps_per_round": steps_per_round,
         }
         self.save()
         log.info("calibrated noise multiplier %.4f: epsilon %.3g at delta %.3g after %d rounds of %d steps at "
                  "sample rate %.4f", sigma, config.target_epsilon, self.delta, config.planned_rounds,
                  steps_per_round, sample_rate)
-        return float(sigma)
+        return sigma
 
     # -- durability -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
