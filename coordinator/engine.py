@@ -128,6 +128,8 @@ class RoundEngine:
         self.metrics.updates.labels("accepted").inc()
         record = self.registry.get(update.agent_id)
         self.privacy.observe(update.agent_id, record.status.device if record else "other", update.privacy)
+        if update.privacy is not None and update.privacy.exhausted:
+            self.registry.budget_spent(update.agent_id, update.privacy)
 
     def on_connection(self, connected: bool) -> None:
         """After every (re)connect, republish what must be retained: the broker may have lost it."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from protocol.messages import AgentStatus
+from protocol.messages import AgentStatus, PrivacySpent
 
 
 @dataclass
@@ -28,6 +28,12 @@ class AgentRegistry:
         record = AgentRecord(status, now)
         self._agents[status.agent_id] = record
         return record
+
+    def budget_spent(self, agent_id: str, privacy: PrivacySpent) -> None:
+        """An update said the agent's DP budget is spent: stop selecting it now, not at its next status."""
+        record = self._agents.get(agent_id)
+        if record is not None:
+            record.status = record.status.model_copy(update={"state": "budget_exhausted", "privacy": privacy})
 
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""

@@ -76,3 +76,16 @@ def test_agents_without_dp_leave_privacy_out_of_the_summary(tmp_path: Path) -> N
     assert engine.history[-1].epsilon_max is None
     assert gauge(metrics, "fl_privacy_epsilon_max") == 0.0  # an unlabelled gauge always exports
     assert gauge(metrics, "fl_privacy_epsilon", device="rpi") is None
+
+
+def test_an_update_that_spends_the_budget_stops_selection_before_the_next_status(tmp_path: Path) -> None:
+    engine, outbox, _ = make_engine(tmp_path, Clock(), min_available_agents=1, min_fit_agents=1)
+    for agent_id in ("a", "b"):
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(status(agent_id, "rpi", 0.0)))
+    engine.tick()
+    spent = PrivacySpent(epsilon=7.9, delta=1e-5, budget_epsilon=8.0, exhausted=True)
+    send(engine, update(engine, "a", 1).model_copy(update={"privacy": spent}))
+    send(engine, update(engine, "b", 1))
+    engine.tick()  # closes round 1
+    engine.tick()  # opens round 2: a's status still says online, its update said otherwise
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).selected == ["b"]
