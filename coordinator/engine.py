@@ -160,14 +160,17 @@ class RoundEngine:
     # -- opening -----------------------------------------------------------------------
     def _maybe_open_round(self, now: float) -> None:
         s = self.settings
-        available = [r.agent_id for r in self.registry.available(now)]
-        if not self.connected or len(available) < s.min_available_agents:
-            if now - self._last_wait_log > 10.0:
-                log.info("waiting for agents: %d online, %d needed", len(available), s.min_available_agents)
-                self._last_wait_log = now
-            return
         number = self.next_round
         task = "train" if number <= s.rounds else "evaluate"
+        pool = self.registry.available(now) if task == "train" else self.registry.evaluable(now)
+        available = [r.agent_id for r in pool]
+        if not self.connected or len(available) < s.min_available_agents:
+            if now - self._last_wait_log > 10.0:
+                spent = self.registry.budget_spent_count(now) if task == "train" else 0
+                log.info("waiting for agents: %d online, %d needed%s", len(available), s.min_available_agents,
+                         f" ({spent} more have spent their privacy budget and train no more)" if spent else "")
+                self._last_wait_log = now
+            return
         if task == "train":
             selected = select_agents(available, number, seed=s.seed, fraction=s.fraction_fit,
                                      minimum=s.min_fit_agents)

@@ -51,11 +51,24 @@ class AgentRegistry:
         )
 
     def available(self, now: float) -> list[AgentRecord]:
-        """Agents that may be selected: online, heard from recently, budget not spent."""
+        """Agents that may be selected to train: online, heard from recently, budget not spent."""
         return sorted(
             (r for r in self._agents.values() if self.is_online(r.agent_id, now)),
             key=lambda r: r.agent_id,
         )
+
+    def evaluable(self, now: float) -> list[AgentRecord]:
+        """Agents that may score a model on their held-out data: the available ones, and those whose DP
+        budget is spent (evaluation trains nothing and spends no budget; their training records stay out)."""
+        return sorted(
+            (r for r in self._agents.values()
+             if r.status.state in ("online", "budget_exhausted") and now - r.last_seen <= self.timeout_s),
+            key=lambda r: r.agent_id,
+        )
+
+    def budget_spent_count(self, now: float) -> int:
+        return sum(1 for r in self._agents.values()
+                   if r.status.state == "budget_exhausted" and now - r.last_seen <= self.timeout_s)
 
     def online_by_device(self, now: float) -> Counter[str]:
         return Counter(r.status.device for r in self.available(now))

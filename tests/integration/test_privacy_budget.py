@@ -1,5 +1,5 @@
 """A DP agent's budget over a real Mosquitto, with real processes: it survives restarts and new runs,
-and once spent the agent says so and the coordinator stops selecting it."""
+and once spent the agent says so and the coordinator stops selecting it for training."""
 
 from __future__ import annotations
 
@@ -98,15 +98,18 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
     finally:
         run_b.stop()
 
-    # The coordinator did not select the spent agent again, though it stayed connected and said so.
+    # The coordinator did not select the spent agent to train again, though it stayed connected and said so;
+    # it still scored the final model on its held-out data, which spends no budget.
     announcements = {a.round: a for a in since(recorder, phase_b, "round") if a.run_id == second.run_id}
     assert announcements[1].selected == ["dp-0"]
-    assert [announcements[r].selected for r in (2, 3, 4)] == [["plain-1"]] * 3
-    assert announcements[4].task == "evaluate"
-    heard = [s for s in since(recorder, exhausted_at, "agent_status", "dp-0")]
+    assert [(announcements[r].task, announcements[r].selected) for r in (2, 3)] == [("train", ["plain-1"])] * 2
+    assert (announcements[4].task, announcements[4].selected) == ("evaluate", ["dp-0", "plain-1"])
+    heard = since(recorder, exhausted_at, "agent_status", "dp-0")
     assert heard and all(s.state == "budget_exhausted" and s.privacy is not None and s.privacy.exhausted
                          and s.privacy.epsilon == second.privacy.epsilon for s in heard)
-    assert [u.round for u in since(recorder, phase_b, "update", "dp-0")] == [1]
+    answers = since(recorder, phase_b, "update", "dp-0")
+    assert [(u.round, u.task) for u in answers] == [(1, "train"), (4, "evaluate")]
+    assert answers[1].privacy == second.privacy and not answers[1].delta and not answers[1].weights
     assert "this agent stops training" in run_b.agents["dp-0"].log_path.read_text()
 
     # Exported by device class and over the fleet, and written in the round summaries.

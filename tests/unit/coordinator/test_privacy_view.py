@@ -89,3 +89,20 @@ def test_an_update_that_spends_the_budget_stops_selection_before_the_next_status
     engine.tick()  # closes round 1
     engine.tick()  # opens round 2: a's status still says online, its update said otherwise
     assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).selected == ["b"]
+
+
+def test_agents_with_a_spent_budget_still_score_the_final_model(tmp_path: Path) -> None:
+    """Evaluation trains nothing and spends no budget: without them a DP run would wait forever for its
+    final evaluation once every budget is spent."""
+    clock = Clock()
+    engine, outbox, _ = make_engine(tmp_path, clock, rounds=1, min_available_agents=2, min_fit_agents=2)
+    for agent_id in ("a", "b"):
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(status(agent_id, "rpi", 0.0)))
+    engine.tick()
+    spent = PrivacySpent(epsilon=8.0, delta=1e-5, budget_epsilon=8.0, exhausted=True)
+    for agent_id in ("a", "b"):
+        send(engine, update(engine, agent_id, 1).model_copy(update={"privacy": spent}))
+    engine.tick()
+    engine.tick()
+    final = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert (final.round, final.task, final.selected) == (2, "evaluate", ["a", "b"])
