@@ -254,7 +254,7 @@ def _print_summary(console: Console, config: DemoConfig, skew: list[dict[str, An
                   f"over {totals['all_rounds']} rounds")
     privacy = report.privacy_totals(rounds)
     if privacy is not None:
-        console.print(f"differential privacy: largest epsilon spent by an agent {privacy['epsilon_max']:.3g} "
+        console.print(f"differential privacy: largest epsilon spent by an agent {privacy['epsilon_max']:.4g} "
                       f"(delta 1e-5), {privacy['budget_exhausted_agents']} agent(s) with the budget spent")
     for name, path in files.items():
         console.print(f"  {name:<13} {path}")

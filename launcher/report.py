@@ -98,7 +98,7 @@ def summary_table(rounds: list[RoundSummary], total_rounds: int) -> Table:
 
 
 def fmt_epsilon(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    return "-" if value is None else f"{value:.4g}"
 
 
 def privacy_totals(rounds: list[RoundSummary]) -> dict[str, Any] | None:
