@@ -50,6 +50,11 @@ from edge_agent.privacy.ledger import Charge
 from edge_agent.training import TrainResult, to_tensors
 from protocol.messages import LocalTraining
 
+# Opacus's hooks on the first layer see inputs that need no gradient, and torch warns at every step.
+# Filtered once, for the process: catch_warnings() is not thread-safe, and agents may share a process.
+warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect "
+                        "to module outputs since no inputs require gradients", category=UserWarning)
+
 _PER_SAMPLE_TOLERANCE = 1e-4
 """Relative gap allowed between the batch gradient and the mean per-sample gradient (float32 noise)."""
 
@@ -94,10 +99,7 @@ def train_private(model: FedModel, data: Dataset, plan: LocalTraining, shape: Ro
         # Records what every noised step actually was, as an Opacus accountant's hook would.
         optimizer.attach_step_hook(
             lambda opt: taken.append((opt.noise_multiplier, shape.sample_rate * opt.accumulated_iterations)))
-        with warnings.catch_warnings():
-            # Opacus's hooks on the first layer see inputs that need no gradient; torch warns every step.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-            loss, accuracy = _run_steps(model, data, shape, optimizer, device, algorithm)
+        loss, accuracy = _run_steps(model, data, shape, optimizer, device, algorithm)
     finally:
         hooks.cleanup()
     expected = [(charge.noise_multiplier, charge.sample_rate)] * charge.steps
