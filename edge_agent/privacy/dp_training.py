@@ -64,19 +64,16 @@ class RoundShape:
     """How many Poisson-sampled steps a round takes, and at which rate."""
 
     sample_rate: float
-    steps_per_epoch: int
-    epochs: int
+    steps: int
 
     @classmethod
     def of(cls, num_samples: int, batch_size: int, epochs: int) -> RoundShape:
-        """Sample rate ``batch_size / num_samples`` (at most 1); an epoch is ``ceil(num_samples / batch_size)`` steps."""
+        """Each record joins a batch with probability ``batch_size / num_samples`` (at most 1); an epoch is
+        ``num_samples / batch_size`` steps, one pass over the records in expectation, rounded to whole steps."""
         if num_samples < 1:
             raise PrivacyUnsupported("no training samples: nothing to train under DP")
-        return cls(min(1.0, batch_size / num_samples), max(1, math.ceil(num_samples / batch_size)), epochs)
-
-    @property
-    def steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
+        rate = min(1.0, batch_size / num_samples)
+        return cls(rate, max(1, round(epochs / rate)))
 
     def charge(self, noise_multiplier: float) -> Charge:
         return Charge(noise_multiplier, self.sample_rate, self.steps)

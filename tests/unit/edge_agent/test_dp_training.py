@@ -44,8 +44,9 @@ def moved(before: dict[str, np.ndarray], after: FedModel) -> float:
 def test_round_shape_follows_batch_size_over_records() -> None:
     shape = RoundShape.of(num_samples=120, batch_size=32, epochs=3)
     assert shape.sample_rate == pytest.approx(32 / 120)
-    assert (shape.steps_per_epoch, shape.steps) == (4, 12)
-    assert RoundShape.of(num_samples=10, batch_size=64, epochs=1).sample_rate == 1.0
+    assert shape.steps == 11  # 3 passes of 3.75 expected steps each
+    assert RoundShape.of(num_samples=144, batch_size=64, epochs=1).steps == 2
+    assert RoundShape.of(num_samples=10, batch_size=64, epochs=1) == RoundShape(1.0, 1)
 
 
 def test_per_sample_clipping_bounds_the_step(data) -> None:
