@@ -27,6 +27,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.evaluation import federated_metrics, metrics_by_family
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.privacy import FleetPrivacy
 from coordinator.registry import AgentRegistry
 from coordinator.retained import RetainedStates
 from coordinator.rounds import FamilySummary, OpenRound, RoundSummary
@@ -84,7 +85,7 @@ class RoundEngine:
         self._ever_connected = False
         self.retained = RetainedStates(store)
         self._last_wait_log = -1e9
-        self._epsilon: dict[str, float] = {}
+        self.privacy = FleetPrivacy(metrics)
 
     # -- start-up --------------------------------------------------------------------
     def restore(self) -> None:
@@ -164,12 +165,10 @@ class RoundEngine:
         self.open.updates[update.agent_id] = update
         self.open.bytes_in += size
         self.metrics.updates.labels("accepted").inc()
-        if update.privacy is not None:
-            record = self.registry.get(update.agent_id)
-            device = self.metrics.device_label(record.status.device if record else "other")
-            self._epsilon[device] = max(update.privacy.epsilon, self._epsilon.get(device, 0.0))
-            self.metrics.epsilon.labels(device).set(self._epsilon[device])
-            self.metrics.epsilon_max.set(max(self._epsilon.values()))
+        record = self.registry.get(update.agent_id)
+        self.privacy.observe(update.agent_id, record.status.device if record else "other", update.privacy)
+        if update.privacy is not None and update.privacy.exhausted:
+            self.registry.budget_spent(update.agent_id, update.privacy)
 
     def on_connection(self, connected: bool, session_present: bool = True) -> None:
         """After every (re)connect, republish what must be retained: the broker may have lost it.
@@ -211,14 +210,17 @@ class RoundEngine:
     # -- opening -----------------------------------------------------------------------
     def _maybe_open_round(self, now: float) -> None:
         s = self.settings
-        available = [r.agent_id for r in self.registry.available(now)]
-        if not self.connected or len(available) < s.min_available_agents:
-            if now - self._last_wait_log > 10.0:
-                log.info("waiting for agents: %d online, %d needed", len(available), s.min_available_agents)
-                self._last_wait_log = now
-            return
         number = self.next_round
         task = "train" if number <= s.rounds else "evaluate"
+        pool = self.registry.available(now) if task == "train" else self.registry.evaluable(now)
+        available = [r.agent_id for r in pool]
+        if not self.connected or len(available) < s.min_available_agents:
+            if now - self._last_wait_log > 10.0:
+                spent = self.registry.budget_spent_count(now) if task == "train" else 0
+                log.info("waiting for agents: %d online, %d needed%s", len(available), s.min_available_agents,
+                         f" ({spent} more have spent their privacy budget and train no more)" if spent else "")
+                self._last_wait_log = now
+            return
         if task == "train":
             plan = plan_selection(available, number, seed=s.seed, fraction=s.fraction_fit, minimum=s.min_fit_agents,
                                   over_selection=s.over_selection)
@@ -288,7 +290,8 @@ class RoundEngine:
             duration_s=round(now - open_round.opened, 3), deadline_s=open_round.announcement.deadline_s,
             bytes_in=open_round.bytes_in, bytes_out=open_round.bytes_out,
             accuracy=overall.accuracy, loss=overall.loss, train_loss=overall.train_loss,
-            closed_at=self.wall_clock(),
+            closed_at=self.wall_clock(), epsilon_max=self.privacy.epsilon_max,
+            budget_exhausted=self.privacy.exhausted,
             families={f: FamilySummary(len([u for u in open_round.updates.values() if u.family == f]),
                                        m.accuracy, m.loss)
                       for f, m in metrics_by_family(open_round.updates.values()).items()},

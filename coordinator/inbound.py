@@ -55,6 +55,7 @@ class InboundFilter:
         assert parsed.agent_id is not None
         if not payload:  # a cleared retained status: the agent was removed
             self.engine.registry.forget(parsed.agent_id)
+            self.engine.privacy.forget(parsed.agent_id)
             return
         try:
             status = decode_message(payload, AgentStatus, _STATUS_LIMITS)
@@ -67,9 +68,11 @@ class InboundFilter:
             return
         previous = self.engine.registry.get(status.agent_id)
         self.engine.observe_agent(status)
+        self.engine.privacy.observe(status.agent_id, status.device, status.privacy)
         if previous is None or previous.status.state != status.state:
-            log.info("agent %s (%s, %s, %d samples) is %s", status.agent_id, status.device, status.family,
-                     status.num_samples, status.state)
+            spent = f", epsilon {status.privacy.epsilon:.4g}" if status.privacy is not None else ""
+            log.info("agent %s (%s, %s, %d samples) is %s%s", status.agent_id, status.device, status.family,
+                     status.num_samples, status.state, spent)
 
     # -- updates -------------------------------------------------------------------------
     def _update(self, parsed: ParsedTopic, payload: bytes) -> None:

@@ -74,6 +74,9 @@ class CoordinatorMetrics:
         self.epsilon = Gauge("fl_privacy_epsilon", "Largest DP epsilon spent, by device class", ["device"],
                              registry=r)
         self.epsilon_max = Gauge("fl_privacy_epsilon_max", "Largest DP epsilon spent by any agent", registry=r)
+        self.budget_exhausted = Gauge("fl_privacy_budget_exhausted_agents",
+                                      "Agents whose DP budget is spent (they train no more), by device class",
+                                      ["device"], registry=r)
         self.broker_connected = Gauge("fl_broker_connected", "1 while connected to the broker", registry=r)
         self.reconnects = Counter("fl_broker_reconnects_total", "Reconnections to the broker", registry=r)
         self.agent_reconnects = Counter("fl_agent_reconnects_total",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from protocol.messages import AgentStatus
+from protocol.messages import AgentStatus, PrivacySpent
 
 
 @dataclass
@@ -57,6 +57,12 @@ class AgentRegistry:
         self._agents[status.agent_id] = AgentRecord(status, now, seen)
         return Observation(known=previous is not None, restarted=restarted, new_reconnects=new_reconnects)
 
+    def budget_spent(self, agent_id: str, privacy: PrivacySpent) -> None:
+        """An update said the agent's DP budget is spent: stop selecting it now, not at its next status."""
+        record = self._agents.get(agent_id)
+        if record is not None:
+            record.status = record.status.model_copy(update={"state": "budget_exhausted", "privacy": privacy})
+
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""
         self._agents.pop(agent_id, None)
@@ -82,11 +88,24 @@ class AgentRegistry:
         return privacy is None or not privacy.exhausted
 
     def available(self, now: float) -> list[AgentRecord]:
-        """Agents that may be selected, sorted by id."""
+        """Agents that may be selected to train: online, heard from recently, budget not spent."""
         return sorted(
             (r for r in self._agents.values() if self.is_available(r.agent_id, now)),
             key=lambda r: r.agent_id,
         )
+
+    def evaluable(self, now: float) -> list[AgentRecord]:
+        """Agents that may score a model on their held-out data: the available ones, and those whose DP
+        budget is spent (evaluation trains nothing and spends no budget; their training records stay out)."""
+        return sorted(
+            (r for r in self._agents.values()
+             if r.status.state in ("online", "budget_exhausted") and now - r.last_seen <= self.timeout_s),
+            key=lambda r: r.agent_id,
+        )
+
+    def budget_spent_count(self, now: float) -> int:
+        return sum(1 for r in self._agents.values()
+                   if r.status.state == "budget_exhausted" and now - r.last_seen <= self.timeout_s)
 
     def online_by_device(self, now: float) -> Counter[str]:
         return Counter(r.status.device for r in self.available(now))

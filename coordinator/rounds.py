@@ -75,6 +75,10 @@ class RoundSummary:
     families: dict[str, FamilySummary] = field(default_factory=dict)
     surplus: int = 0
     """Over-selected agents still working when the round closed early (neither stragglers nor dropouts)."""
+    epsilon_max: float | None = None
+    """Largest DP epsilon any agent had reported by the round's close; None without DP."""
+    budget_exhausted: int = 0
+    """Agents whose DP budget was spent by the round's close."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

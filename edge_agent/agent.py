@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
 from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, DelayModel
@@ -109,10 +110,14 @@ class EdgeAgent:
 
     # -- status ---------------------------------------------------------------------------
     def status(self, state: str = "online") -> AgentStatus:
+        """``budget_exhausted`` overrides ``state`` once the privacy budget is spent, even in the last will."""
+        privacy = self.worker.privacy_spent()
+        if privacy is not None and privacy.exhausted:
+            state = "budget_exhausted"
         return AgentStatus(
             agent_id=self.agent_id, state=state, device=self.profile.name, family=self.worker.family,  # type: ignore[arg-type]
             num_samples=len(self.worker.data.train), num_eval_samples=len(self.worker.data.held_out),
-            version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session,
+            version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session, privacy=privacy,
             reconnects=self._link.reconnects if self._link is not None else 0,
         )
 
@@ -233,7 +238,12 @@ class EdgeAgent:
                 return  # wait for the state the round names
         try:
             update = self.worker.answer(ann, global_state)
-        except ProtocolError as exc:
+        except BudgetExhausted as exc:
+            log.warning("round %d not trained: %s; this agent stops training", ann.round, exc)
+            self._mark_answered(ann)
+            self._publish_status()
+            return
+        except (ProtocolError, PrivacyUnsupported) as exc:
             log.error("cannot answer round %d: %s", ann.round, exc)
             self._mark_answered(ann)
             return
@@ -258,9 +268,14 @@ class EdgeAgent:
         session = self.coordinator.session if self.coordinator is not None else None
         self._sent = SentUpdate(update.run_id, update.round, pieces, session)
         self.rounds_answered += 1
-        log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f", update.round, update.task,
+        privacy = f", epsilon {update.privacy.epsilon:.4g}" if update.privacy is not None else ""
+        log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f%s", update.round, update.task,
                  "weights" if update.weights else "delta" if update.delta else "metrics",
-                 update.metrics.eval_accuracy or 0.0)
+                 update.metrics.eval_accuracy or 0.0, privacy)
+        if update.privacy is not None and update.privacy.exhausted:
+            log.warning("privacy budget spent (epsilon %.4g of %.4g): this agent stops training",
+                        update.privacy.epsilon, update.privacy.budget_epsilon or 0.0)
+            self._publish_status()
 
     def _publish_pieces(self, topic: str, pieces: list[bytes]) -> None:
         """QoS 1: queued by paho while disconnected and sent (again) after the reconnect."""

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.config import AgentSettings
-from edge_agent.data.local import build_local_data
+from edge_agent.data.local import LocalData, build_local_data
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.worker import LocalWorker
 from protocol.mqtt import Backoff
+
+if TYPE_CHECKING:
+    from edge_agent.privacy.trainer import PrivateTrainer
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True) -> EdgeAge
     )
     family = settings.family or profile.family
     device = profile.torch_device()
-    worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state)
+    privacy = _private_trainer(settings, family, data, state)
+    worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state, privacy)
     log.info("agent %s: device %s, family %s on %s, %d train / %d held-out samples",
              agent_id, profile.name, family, device, len(data.train), len(data.held_out))
     straggler = settings.straggler_model()
@@ -43,3 +48,18 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True) -> EdgeAge
                      heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
                      exit_when_finished=settings.exit_when_finished, straggler=straggler,
                      backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s))
+
+
+def _private_trainer(settings: AgentSettings, family: str, data: LocalData, state: AgentStateDir) -> PrivateTrainer | None:
+    """DP-SGD and the budget saved in the state dir, after checking the model can be trained with it."""
+    if not settings.dp:
+        return None
+    from edge_agent.models import build_model  # Opacus loads only for agents with dp on
+    from edge_agent.privacy.compat import check_dp_compatible
+    from edge_agent.privacy.config import DPConfig
+    from edge_agent.privacy.trainer import PrivateTrainer
+
+    config = DPConfig.from_settings(settings)
+    assert config is not None
+    check_dp_compatible(build_model(family, data.train.in_shape, data.train.num_classes, seed=0), family)
+    return PrivateTrainer.open(config, state)

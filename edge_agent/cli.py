@@ -25,7 +25,11 @@ def run(settings: AgentSettings) -> int:
     # Imported here so that --help and configuration errors answer without loading torch.
     from edge_agent.bootstrap import build_agent
 
-    agent = build_agent(settings)
+    try:
+        agent = build_agent(settings)
+    except ValueError as exc:  # bad data, a model DP cannot train, a privacy ledger that does not restore
+        logging.getLogger("edge_agent").error("cannot start: %s", exc)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

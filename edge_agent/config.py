@@ -43,6 +43,23 @@ class AgentSettings(BaseSettings):
     straggler_delay: str = Field(default="off", description=(
         "simulated extra compute time per training round, for demos and benchmarks: off, profile (the "
         "device profile's distribution), constant:S, uniform:A,B, lognormal:MEDIAN,SIGMA, exponential:MEAN"))
+
+    # differential privacy: DP-SGD through Opacus; the budget is kept in state_dir (edge_agent/privacy)
+    dp: bool = Field(default=False, description="train with DP-SGD; epsilon spent is kept in the state dir")
+    dp_max_grad_norm: float = Field(default=1.0, gt=0.0, description="per-sample gradient clipping norm")
+    dp_noise_multiplier: float | None = Field(default=None, gt=0.0,
+                                              description="noise std over the clipping norm; or dp_target_epsilon")
+    dp_target_epsilon: float | None = Field(default=None, gt=0.0,
+                                            description="calibrate the noise once to reach this after dp_planned_rounds")
+    dp_planned_rounds: int | None = Field(default=None, ge=1, description="rounds dp_target_epsilon is spread over")
+    dp_delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
+    dp_budget_epsilon: float | None = Field(default=None, gt=0.0,
+                                            description="stop training before epsilon passes this; default the target")
+    dp_accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+    dp_prototype_noise_multiplier: float | None = Field(
+        default=None, gt=0.0, description="Gaussian mechanism on FedProto prototypes; unset refuses them under dp")
+    dp_prototype_clip: float = Field(default=1.0, gt=0.0, description="embedding norm clip for prototypes")
+
     max_message_bytes: int = Field(default=0, ge=0, description="split updates above this size; 0 never")
     exit_when_finished: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
@@ -74,10 +91,32 @@ class AgentSettings(BaseSettings):
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
         self.straggler_model()
+        self._check_dp()
         return self
 
     def straggler_model(self) -> DelayModel:
         return parse_delay(self.straggler_delay, self.device)
+
+    def _check_dp(self) -> None:
+        dp_fields = sorted(f for f in self.model_fields_set if f.startswith("dp_"))
+        if not self.dp:
+            if dp_fields:
+                raise ValueError(f"{', '.join(dp_fields)} set but dp is off: add --dp (FL_AGENT_DP=true)")
+            return
+        if (self.dp_noise_multiplier is None) == (self.dp_target_epsilon is None):
+            raise ValueError("with dp on, set exactly one of dp_noise_multiplier (fixed noise) and "
+                             "dp_target_epsilon (noise calibrated to it over dp_planned_rounds)")
+        if self.dp_target_epsilon is not None and self.dp_planned_rounds is None:
+            raise ValueError("dp_target_epsilon needs dp_planned_rounds: the rounds the budget is spread over")
+        if self.dp_target_epsilon is None and self.dp_planned_rounds is not None:
+            raise ValueError("dp_planned_rounds is only used with dp_target_epsilon")
+        if (self.dp_target_epsilon is not None and self.dp_budget_epsilon is not None
+                and self.dp_budget_epsilon < self.dp_target_epsilon):
+            raise ValueError(f"dp_budget_epsilon {self.dp_budget_epsilon} is below dp_target_epsilon "
+                             f"{self.dp_target_epsilon}: the planned rounds would not fit")
+        if self.dp_accountant == "gdp" and self.dp_prototype_noise_multiplier is not None:
+            raise ValueError("dp_prototype_noise_multiplier needs dp_accountant rdp or prv: gdp cannot compose "
+                             "two mechanisms")
 
     def broker_address(self) -> BrokerAddress:
         address = BrokerAddress.parse(self.broker_url)

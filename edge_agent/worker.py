@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import zlib
+from typing import TYPE_CHECKING
+
 import torch
 
 from edge_agent.algorithms import build_client_algorithm
@@ -11,18 +13,26 @@ from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from edge_agent.training import evaluate, train_local
 from edge_agent.weights import set_arrays
-from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.messages import GlobalState, PrivacySpent, RoundAnnouncement, TrainMetrics, Update
+
+if TYPE_CHECKING:
+    from edge_agent.privacy.trainer import PrivateTrainer
 
 
 class LocalWorker:
     def __init__(self, agent_id: str, family: str, data: LocalData, device: torch.device, batch_size: int,
-                 state: AgentStateDir) -> None:
+                 state: AgentStateDir, privacy: PrivateTrainer | None = None) -> None:
         self.agent_id = agent_id
         self.family = family
         self.data = data
         self.device = device
         self.batch_size = batch_size
         self.state = state
+        self.privacy = privacy
+        """DP-SGD and its budget; None trains without DP."""
+
+    def privacy_spent(self) -> PrivacySpent | None:
+        return None if self.privacy is None else self.privacy.spent()
 
     def answer(self, announcement: RoundAnnouncement, global_state: GlobalState | None) -> Update:
         """The update for ``announcement``; ``global_state`` is None when the family bootstraps."""
@@ -38,18 +48,24 @@ class LocalWorker:
         )
         if announcement.task == "evaluate":
             metrics = TrainMetrics(eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples)
-            return Update(**common, metrics=metrics)
+            return Update(**common, metrics=metrics, privacy=self.privacy_spent())
 
         algorithm = build_client_algorithm(announcement.algorithm, announcement.params, self.state)
         algorithm.begin(model, global_state, self.device)
         batch_size = announcement.training.batch_size or self.batch_size
-        seed = zlib.crc32(f"{self.agent_id}:{announcement.run_id}:{announcement.round}".encode())
-        result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
+        if self.privacy is not None:
+            result = self.privacy.train(model, train, announcement.training, batch_size, self.device, algorithm)
+        else:
+            seed = zlib.crc32(f"{self.agent_id}:{announcement.run_id}:{announcement.round}".encode())
+            result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
         after = evaluate(model, held_out, self.device)
+        private = self.privacy is not None
         metrics = TrainMetrics(
             eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
-            train_loss=result.loss, train_accuracy=result.accuracy, duration_s=result.duration_s, steps=result.steps,
+            # Loss and accuracy on the training records are not covered by DP-SGD: not sent under DP.
+            train_loss=None if private else result.loss, train_accuracy=None if private else result.accuracy,
+            duration_s=result.duration_s, steps=result.steps,
             extra={"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss},
         )
         payload = algorithm.payload(model, result.steps, announcement.training.learning_rate)
-        return Update(**common, metrics=metrics, **payload)
+        return Update(**common, metrics=metrics, privacy=self.privacy_spent(), **payload)

@@ -76,6 +76,8 @@ class DemoConfig:
     stragglers: str = "off"
     """Agents' simulated extra training time (edge-agent ``straggler_delay``), e.g. ``profile``."""
     over_selection: float = 0.0
+    dp_epsilon: float | None = None
+    """DP-SGD on every agent, its noise calibrated to reach this epsilon (delta 1e-5) after the run's rounds."""
 
 
 @dataclass
@@ -121,6 +123,13 @@ def coordinator_settings(config: DemoConfig) -> dict[str, Any]:
     }
 
 
+def agent_settings(config: DemoConfig) -> dict[str, Any]:
+    settings: dict[str, Any] = {"eval_fraction": config.eval_fraction, "straggler_delay": config.stragglers}
+    if config.dp_epsilon is not None:
+        settings |= {"dp": True, "dp_target_epsilon": config.dp_epsilon, "dp_planned_rounds": config.rounds}
+    return settings
+
+
 def federation_name(run_dir: Path) -> str:
     """One federation per run directory: on a shared broker, an earlier run's retained 'finished'
     status and global states would otherwise reach this run's agents (and stop them at once)."""
@@ -136,8 +145,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         raise typer.BadParameter(f"{run_dir} is not empty; choose another --out", param_hint="--out")
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = FleetSpec(default_fleet(config.agents, config.devices), partition=config.partition, alpha=config.alpha,
-                     data_seed=config.seed, threads=1,
-                     agent_settings={"eval_fraction": config.eval_fraction, "straggler_delay": config.stragglers})
+                     data_seed=config.seed, threads=1, agent_settings=agent_settings(config))
     started = time.monotonic()
     broker = _start_broker(config, run_dir, console)
     broker_url = config.broker_url or (broker.url if broker else "")
@@ -250,6 +258,10 @@ def _print_summary(console: Console, config: DemoConfig, skew: list[dict[str, An
                   f"bytes out {human_bytes(totals['bytes_out'])} ({human_bytes(totals['bytes_out_per_round'])}/round), "
                   f"in {human_bytes(totals['bytes_in'])} ({human_bytes(totals['bytes_in_per_round'])}/round) "
                   f"over {totals['all_rounds']} rounds")
+    privacy = report.privacy_totals(rounds)
+    if privacy is not None:
+        console.print(f"differential privacy: largest epsilon spent by an agent {privacy['epsilon_max']:.4g} "
+                      f"(delta 1e-5), {privacy['budget_exhausted_agents']} agent(s) with the budget spent")
     for name, path in files.items():
         console.print(f"  {name:<13} {path}")
     if reason:
@@ -288,6 +300,9 @@ def demo(
     over_selection: float = typer.Option(0.0, "--over-selection", min=0.0, max=10.0,
                                          help="want 1/(1+X) of the fleet's updates per round, ask X more "
                                               "agents, and close each round once the wanted number answered"),
+    dp_epsilon: float | None = typer.Option(None, "--dp-epsilon", min=0.01,
+                                            help="train with DP-SGD, the noise calibrated to reach this epsilon "
+                                                 "(delta 1e-5) after --rounds; budgets are kept per agent"),
 ) -> None:
     """Run a federated training demo on this machine and write a report."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -303,7 +318,8 @@ def demo(
                         embedded=embedded.value, out=out, local_epochs=local_epochs, learning_rate=learning_rate,
                         momentum=momentum, batch_size=batch_size, deadline_s=deadline, seed=seed, timeout_s=timeout,
                         devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy,
-                        stragglers=stragglers, over_selection=over_selection)
+                        stragglers=stragglers, over_selection=over_selection,
+                        dp_epsilon=dp_epsilon)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:

@@ -119,9 +119,10 @@ class ProgressView:
     def plain_line(self, r: RoundSummary) -> str:
         label = f"round {r.round}/{self.total_rounds}" if r.task == "train" else "final evaluation"
         families = " ".join(f"{f}={fmt_accuracy(s.accuracy)}" for f, s in r.families.items())
+        privacy = "" if r.epsilon_max is None else f", epsilon max {r.epsilon_max:.4g}"
         return (f"[{self.elapsed:6.1f}s] {label}: {r.outcome}, {r.answered}/{r.selected} answered, "
                 f"accuracy {fmt_accuracy(r.accuracy)} ({families}), in {human_bytes(r.bytes_in)}, "
-                f"out {human_bytes(r.bytes_out)}, {r.duration_s:.1f}s")
+                f"out {human_bytes(r.bytes_out)}, {r.duration_s:.1f}s{privacy}")
 
     # -- live ------------------------------------------------------------------------------
     def _render(self) -> RenderableType:

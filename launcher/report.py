@@ -22,7 +22,8 @@ from launcher.fleet import FleetSpec
 from launcher.progress import OUTCOME_STYLE, fmt_accuracy, human_bytes
 
 CSV_FIELDS = ["round", "task", "outcome", "selected", "answered", "stragglers", "dropouts", "rejected",
-              "accuracy", "loss", "train_loss", "bytes_in", "bytes_out", "duration_s"]
+              "accuracy", "loss", "train_loss", "bytes_in", "bytes_out", "duration_s", "epsilon_max",
+              "budget_exhausted"]
 
 
 def label_skew(spec: FleetSpec) -> list[dict[str, Any]]:
@@ -68,6 +69,7 @@ def fleet_table(rows: list[dict[str, Any]]) -> Table:
 
 def summary_table(rounds: list[RoundSummary], total_rounds: int) -> Table:
     families = sorted({f for r in rounds for f in r.families})
+    private = any(r.epsilon_max is not None for r in rounds)
     table = Table(title="Rounds", header_style="bold")
     table.add_column("round", justify="right")
     table.add_column("outcome")
@@ -75,20 +77,37 @@ def summary_table(rounds: list[RoundSummary], total_rounds: int) -> Table:
     table.add_column("accuracy", justify="right")
     for family in families:
         table.add_column(family, justify="right")
-    for name in ("loss", "bytes in", "bytes out", "time"):
+    for name in ("loss", "bytes in", "bytes out", "time") + (("epsilon max", "exhausted") if private else ()):
         table.add_column(name, justify="right")
     for r in rounds:
+        privacy = (fmt_epsilon(r.epsilon_max), str(r.budget_exhausted)) if private else ()
         table.add_row(
             f"{r.round}/{total_rounds}" if r.task == "train" else "eval",
             Text(r.outcome, style=OUTCOME_STYLE.get(r.outcome, "")), f"{r.answered}/{r.selected}",
             fmt_accuracy(r.accuracy),
             *[fmt_accuracy(r.families[f].accuracy) if f in r.families else "-" for f in families],
             "-" if r.loss is None else f"{r.loss:.3f}", human_bytes(r.bytes_in), human_bytes(r.bytes_out),
-            f"{r.duration_s:.1f}s",
+            f"{r.duration_s:.1f}s", *privacy,
         )
     table.caption = ("accuracy: federated, of the global model each round started from, on the answering "
                      "agents' held-out data ('eval' scores the final models)")
+    if private:
+        table.caption += ("; epsilon max: the largest DP epsilon any agent had spent by the round's close, "
+                          "exhausted: agents whose budget was spent")
     return table
+
+
+def fmt_epsilon(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def privacy_totals(rounds: list[RoundSummary]) -> dict[str, Any] | None:
+    """The fleet's DP spending at the end of the run, or None if no agent trained with DP."""
+    spent = [r for r in rounds if r.epsilon_max is not None]
+    if not spent:
+        return None
+    return {"epsilon_max": spent[-1].epsilon_max, "budget_exhausted_agents": spent[-1].budget_exhausted,
+            "first_round_with_dp": spent[0].round}
 
 
 def central_table(evaluation: CentralEvaluation) -> Table:
@@ -139,6 +158,7 @@ def write_json(path: Path, *, run: dict[str, Any], rounds: list[RoundSummary], f
         "fleet": fleet,
         "rounds": [r.to_dict() for r in rounds],
         "bytes": byte_totals(rounds),
+        "privacy": privacy_totals(rounds),
         "central_evaluation": evaluation.to_dict() if evaluation is not None else None,
     }
     path.write_text(json.dumps(report, indent=2, default=str) + "\n")

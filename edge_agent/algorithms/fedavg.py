@@ -7,3 +7,4 @@ from edge_agent.algorithms.base import ClientAlgorithm
 
 class FedAvgClient(ClientAlgorithm):
     name = "fedavg"
+    dp_compatible = True  # no extra terms: DP-SGD covers everything it sends

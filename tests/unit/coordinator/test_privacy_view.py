@@ -1,0 +1,108 @@
+"""The coordinator's view of DP spending: from updates and statuses, exported, and in round summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coordinator.metrics import CoordinatorMetrics
+from protocol.messages import AgentStatus, PrivacySpent, RoundAnnouncement
+from protocol.wire import decode_message, encode_message
+from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine, send, update
+
+
+def status(agent_id: str, device: str, epsilon: float | None, *, exhausted: bool = False) -> AgentStatus:
+    privacy = None if epsilon is None else PrivacySpent(epsilon=epsilon, delta=1e-5, budget_epsilon=8.0,
+                                                        exhausted=exhausted)
+    return AgentStatus(agent_id=agent_id, state="budget_exhausted" if exhausted else "online", device=device,
+                       family="f", num_samples=10, num_eval_samples=2, version="t", timestamp=0.0, privacy=privacy)
+
+
+def gauge(metrics: CoordinatorMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_epsilon_is_exported_by_device_and_fleet_max_from_updates_and_statuses(tmp_path: Path) -> None:
+    engine, _, metrics = make_engine(tmp_path, Clock(), min_available_agents=2, min_fit_agents=2)
+    for message in (status("a", "rpi", 0.0), status("b", "phone", 0.0), status("c", "phone", 5.0, exhausted=True)):
+        engine.on_message(TOPICS.agent_status(message.agent_id), encode_message(message))
+    # c never sends an update (its budget is spent) but its status still counts.
+    assert gauge(metrics, "fl_privacy_epsilon", device="phone") == 5.0
+    assert gauge(metrics, "fl_privacy_epsilon_max") == 5.0
+    assert gauge(metrics, "fl_privacy_budget_exhausted_agents", device="phone") == 1.0
+
+    engine.tick()
+    spent = PrivacySpent(epsilon=6.5, delta=1e-5, budget_epsilon=8.0)
+    send(engine, update(engine, "a", 1).model_copy(update={"privacy": spent}))
+    assert gauge(metrics, "fl_privacy_epsilon", device="rpi") == 6.5
+    assert gauge(metrics, "fl_privacy_epsilon", device="phone") == 5.0
+    assert gauge(metrics, "fl_privacy_epsilon_max") == 6.5
+
+    # A stale heartbeat with less spent does not lower what the coordinator shows.
+    engine.on_message(TOPICS.agent_status("a"), encode_message(status("a", "rpi", 1.0)))
+    assert gauge(metrics, "fl_privacy_epsilon", device="rpi") == 6.5
+
+    send(engine, update(engine, "b", 1))
+    engine.tick()
+    closed = engine.history[-1]
+    assert (closed.epsilon_max, closed.budget_exhausted) == (6.5, 1)
+
+
+def test_exhausted_agents_are_not_selected(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, _ = make_engine(tmp_path, clock, min_available_agents=2, min_fit_agents=2)
+    for message in (status("a", "rpi", 1.0), status("b", "rpi", 1.0), status("c", "rpi", 8.0, exhausted=True)):
+        engine.on_message(TOPICS.agent_status(message.agent_id), encode_message(message))
+    engine.tick()
+    announcement = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert announcement.selected == ["a", "b"]
+
+
+def test_a_decommissioned_agent_leaves_the_export(tmp_path: Path) -> None:
+    engine, _, metrics = make_engine(tmp_path, Clock())
+    engine.on_message(TOPICS.agent_status("a"), encode_message(status("a", "jetson", 2.0)))
+    engine.on_message(TOPICS.agent_status("b"), encode_message(status("b", "rpi", 3.0)))
+    engine.on_message(TOPICS.agent_status("b"), b"")  # retained status cleared
+    assert gauge(metrics, "fl_privacy_epsilon", device="rpi") is None
+    assert gauge(metrics, "fl_privacy_epsilon_max") == 2.0
+
+
+def test_agents_without_dp_leave_privacy_out_of_the_summary(tmp_path: Path) -> None:
+    engine, _, metrics = make_engine(tmp_path, Clock())
+    for agent_id in ("a", "b"):
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(status(agent_id, "rpi", None)))
+    engine.tick()
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick()
+    assert engine.history[-1].epsilon_max is None
+    assert gauge(metrics, "fl_privacy_epsilon_max") == 0.0  # an unlabelled gauge always exports
+    assert gauge(metrics, "fl_privacy_epsilon", device="rpi") is None
+
+
+def test_an_update_that_spends_the_budget_stops_selection_before_the_next_status(tmp_path: Path) -> None:
+    engine, outbox, _ = make_engine(tmp_path, Clock(), min_available_agents=1, min_fit_agents=1)
+    for agent_id in ("a", "b"):
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(status(agent_id, "rpi", 0.0)))
+    engine.tick()
+    spent = PrivacySpent(epsilon=7.9, delta=1e-5, budget_epsilon=8.0, exhausted=True)
+    send(engine, update(engine, "a", 1).model_copy(update={"privacy": spent}))
+    send(engine, update(engine, "b", 1))
+    engine.tick()  # closes round 1
+    engine.tick()  # opens round 2: a's status still says online, its update said otherwise
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).selected == ["b"]
+
+
+def test_agents_with_a_spent_budget_still_score_the_final_model(tmp_path: Path) -> None:
+    """Evaluation trains nothing and spends no budget: without them a DP run would wait forever for its
+    final evaluation once every budget is spent."""
+    clock = Clock()
+    engine, outbox, _ = make_engine(tmp_path, clock, rounds=1, min_available_agents=2, min_fit_agents=2)
+    for agent_id in ("a", "b"):
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(status(agent_id, "rpi", 0.0)))
+    engine.tick()
+    spent = PrivacySpent(epsilon=8.0, delta=1e-5, budget_epsilon=8.0, exhausted=True)
+    for agent_id in ("a", "b"):
+        send(engine, update(engine, agent_id, 1).model_copy(update={"privacy": spent}))
+    engine.tick()
+    engine.tick()
+    final = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert (final.round, final.task, final.selected) == (2, "evaluate", ["a", "b"])
