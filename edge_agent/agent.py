@@ -143,8 +143,8 @@ class EdgeAgent:
             while not stop.is_set():
                 wake = next_heartbeat if self._held is None else min(next_heartbeat, self._held.due)
                 try:
-                    kind, topic, payload, retained = self._inbox.get(timeout=max(0.0, wake - time.monotonic()))
-                except queue.Empty:
+                    kind, topic, payload, retained = self._inbox.get(timeout=min(max(0.0, wake - time.monotonic()), 1.0))
+                except queue.Empty:  # wakes at least every second to see ``stop``
                     kind, topic, payload, retained = "timer", "", b"", False
                 if kind == "connected" or time.monotonic() >= next_heartbeat:
                     if self._link.connected:
