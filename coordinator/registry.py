@@ -51,6 +51,10 @@ class AgentRegistry:
             key=lambda r: r.agent_id,
         )
 
+    def count_by_family(self) -> dict[str, int]:
+        """Agents known per model family, online or not: the population a round samples from."""
+        return dict(Counter(r.status.family for r in self._agents.values()))
+
     def online_by_device(self, now: float) -> Counter[str]:
         return Counter(r.status.device for r in self.available(now))
 

@@ -169,7 +169,8 @@ class EdgeAgent:
         self._mark_answered(ann)
         self.rounds_answered += 1
         log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f", ann.round, ann.task,
-                 "weights" if update.weights else "delta" if update.delta else "metrics",
+                 "weights" if update.weights else "delta" if update.delta
+                 else "prototypes" if update.prototypes is not None else "metrics",
                  update.metrics.eval_accuracy or 0.0)
 
     def _publish_update(self, update: Update) -> None:

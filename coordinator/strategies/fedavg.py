@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -29,7 +29,8 @@ class FedAvg(Strategy):
         super().__init__(aggregator)
         self.server_learning_rate = server_learning_rate
 
-    def aggregate(self, round_number: int, updates: Sequence[Update]) -> list[Dropped]:
+    def aggregate(self, round_number: int, updates: Sequence[Update],
+                  population: Mapping[str, int] | None = None) -> list[Dropped]:
         dropped: list[Dropped] = []
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)
