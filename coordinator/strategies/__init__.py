@@ -5,8 +5,8 @@ from __future__ import annotations
 from coordinator.config import CoordinatorSettings
 from coordinator.strategies.base import Strategy
 from coordinator.strategies.fedavg import FedAvg
-from coordinator.strategies.fedprox import FedProx
 from coordinator.strategies.fedproto import FedProto
+from coordinator.strategies.fedprox import FedProx
 from coordinator.strategies.scaffold import Scaffold
 
 
@@ -26,4 +26,4 @@ def build_strategy(settings: CoordinatorSettings) -> Strategy:
     raise ValueError(f"unknown algorithm {settings.algorithm!r}")
 
 
-__all__ = ["Strategy", "FedAvg", "FedProx", "Scaffold", "FedProto", "build_strategy"]
+__all__ = ["FedAvg", "FedProto", "FedProx", "Scaffold", "Strategy", "build_strategy"]

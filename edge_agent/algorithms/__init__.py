@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 from edge_agent.algorithms.base import ClientAlgorithm, RoundContext
 from edge_agent.algorithms.fedavg import FedAvgClient
-from edge_agent.algorithms.fedprox import FedProxClient
 from edge_agent.algorithms.fedproto import FedProtoClient
+from edge_agent.algorithms.fedprox import FedProxClient
 from edge_agent.algorithms.scaffold import ScaffoldClient
 from edge_agent.state import AgentStateDir
 
@@ -23,4 +23,4 @@ def build_client_algorithm(name: str, params: Mapping[str, float | int | bool], 
     return CLIENT_ALGORITHMS[name](params, state, context)
 
 
-__all__ = ["ClientAlgorithm", "RoundContext", "build_client_algorithm", "CLIENT_ALGORITHMS"]
+__all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm", "RoundContext", "build_client_algorithm"]

@@ -9,7 +9,6 @@ graph: the same objective, no extra graph, and a data-independent edit (see base
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
 from edge_agent.algorithms.base import AlgorithmParams, ClientAlgorithm
