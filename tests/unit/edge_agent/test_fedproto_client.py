@@ -74,7 +74,7 @@ def test_the_personal_model_persists_across_rounds_and_restarts_and_resets_with_
         announce("fedproto", 2, state, params={"lambda": 1.0}, task="evaluate"), state)
     model = build_model("cnn_small", data.train.in_shape, 10, seed=0)
     set_arrays(model, after_round_1)
-    embeddings, logits = embed_all(model, data.held_out, torch.device("cpu"), normalize=False)
+    _, logits = embed_all(model, data.held_out, torch.device("cpu"), normalize=False)
     head = (logits.argmax(1).numpy() == data.held_out.y).mean()
     assert evaluation.metrics.extra["head_accuracy"] == pytest.approx(head)
     assert evaluation.metrics.eval_accuracy == pytest.approx(head)
