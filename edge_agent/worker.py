@@ -49,7 +49,8 @@ class LocalWorker:
         algorithm.check_plan(announcement.training)
         algorithm.begin(model, global_state)
         batch_size = announcement.training.batch_size or self.batch_size
-        seed = zlib.crc32(f"{self.agent_id}:{announcement.run_id}:{announcement.round}".encode())
+        # From the announced seed, not the run id: the same settings reproduce the same shuffles.
+        seed = zlib.crc32(f"{self.agent_id}:{announcement.init_seed}:{announcement.round}".encode())
         result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
         after = evaluate(model, held_out, self.device)
         payload = algorithm.payload(model, train, result, announcement.training)

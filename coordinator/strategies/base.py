@@ -139,7 +139,9 @@ def majority_layout(updates: Sequence[Update], payload: str) -> tuple[list[Updat
 
 
 def group_by_family(updates: Sequence[Update]) -> dict[str, list[Update]]:
+    """Updates per family, each group in agent-id order: floating-point sums then do not
+    depend on the order in which updates happened to arrive, so runs reproduce."""
     groups: dict[str, list[Update]] = {}
-    for update in updates:
+    for update in sorted(updates, key=lambda u: u.agent_id):
         groups.setdefault(update.family, []).append(update)
     return groups

@@ -106,7 +106,7 @@ class FedProto(Strategy):
 
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
-        group, dropped = list(updates), []
+        group, dropped = sorted(updates, key=lambda u: u.agent_id), []  # arrival order must not matter
         if self.prototypes is None:
             group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
         fresh, fresh_counts = aggregate_prototypes(
