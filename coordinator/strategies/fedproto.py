@@ -15,6 +15,8 @@ The alignment weight ``lambda`` is announced each round, ramped up over ``warmup
 
 from __future__ import annotations
 
+import logging
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -25,7 +27,12 @@ from coordinator.rejects import RejectedUpdate, RejectReason
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, majority_by
 from protocol.messages import Update
 
+log = logging.getLogger(__name__)
+
 PROTOTYPE_DTYPE = np.dtype("<f4")
+DRIFT_FACTOR = 3.0
+"""An agent whose prototypes lie this many times the round's median distance from the global
+ones is logged as drifting (a broken sensor, a poisoned data set, a bug in its build)."""
 
 
 def aggregate_prototypes(aggregator: Aggregator, prototypes: Sequence[np.ndarray],
@@ -116,6 +123,7 @@ class FedProto(Strategy):
         self.prototypes, self.counts = self._mix(fresh, fresh_counts)
         families = set(self.states) | {u.family for u in updates} | set(population or {})
         self._publish_for(families, round_number + 1)
+        report_drift(round_number, updates)
         return dropped
 
     def _mix(self, fresh: np.ndarray, fresh_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,3 +161,19 @@ class FedProto(Strategy):
             if state.prototypes is None or not np.array_equal(state.prototypes, prototypes):
                 raise ValueError(f"fedproto checkpoint: family {family} does not hold the global prototypes")
         self.prototypes, self.counts = prototypes, counts.astype(np.int64)
+
+
+def report_drift(round_number: int, updates: Sequence[Update]) -> list[str]:
+    """Log the spread of the agents' reported ``proto_distance``; returns the agents flagged as drifting."""
+    distances = {u.agent_id: u.metrics.extra["proto_distance"] for u in updates if "proto_distance" in u.metrics.extra}
+    if len(distances) < 2:
+        return []
+    median = statistics.median(distances.values())
+    farthest = max(distances, key=lambda agent: distances[agent])
+    log.info("round %d: distance of agents' prototypes to the global ones: median %.3f, max %.3f (%s)",
+             round_number, median, distances[farthest], farthest)
+    drifting = sorted(a for a, d in distances.items() if median > 0 and d > DRIFT_FACTOR * median)
+    if drifting:
+        log.warning("round %d: prototypes of %s lie over %.0fx the median distance (%.3f) from the global ones",
+                    round_number, ", ".join(drifting), DRIFT_FACTOR, median)
+    return drifting

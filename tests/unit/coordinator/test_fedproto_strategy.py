@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from coordinator.aggregation import weighted_mean
 from coordinator.rejects import RejectedUpdate
 from coordinator.strategies import FedProto
-from coordinator.strategies.fedproto import aggregate_prototypes
+from coordinator.strategies.fedproto import aggregate_prototypes, report_drift
 from protocol.messages import TrainMetrics, Update
 
 CLASSES, DIM = 5, 4
@@ -141,3 +141,13 @@ def test_state_round_trips_and_bad_state_is_refused() -> None:
     broken = strategy.state_dict() | {"prototypes": np.ones((CLASSES, DIM, 1), np.float32)}
     with pytest.raises(ValueError, match="fedproto checkpoint"):
         FedProto(weighted_mean, 1.0).load_state_dict(broken)
+
+
+def test_an_agent_far_from_the_global_prototypes_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
+    ones = np.ones((CLASSES, DIM), np.float32)
+    updates = [proto_update(a, ones, np.ones(CLASSES)).model_copy(
+        update={"metrics": TrainMetrics(extra={"proto_distance": d})}) for a, d in zip("abcd", (0.4, 0.5, 0.6, 2.5))]
+    with caplog.at_level("INFO", logger="coordinator.strategies.fedproto"):
+        assert report_drift(3, updates) == ["d"]
+    assert "median 0.550, max 2.500 (d)" in caplog.text and "prototypes of d lie over 3x" in caplog.text
+    assert report_drift(3, updates[:3]) == []
