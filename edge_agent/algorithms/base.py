@@ -33,7 +33,7 @@ from protocol.messages import GlobalState, LocalTraining
 class AlgorithmParams(BaseModel):
     """Announced hyper-parameters; each algorithm subclasses this with its own fields."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
