@@ -1,6 +1,6 @@
 """Accuracy of every algorithm on the same digits partitions, through the real coordinator and agents.
 
-    python bench/accuracy.py            # the full table (about 20 minutes on 2 busy cores)
+    python bench/accuracy.py            # the full table (about 6 minutes on 2 busy cores)
     python bench/accuracy.py --quick    # 6 agents, 3 rounds: a smoke run for CI (numbers meaningless)
     python bench/accuracy.py --tune     # the tuning grid behind the settings below, and its table
 
@@ -26,6 +26,11 @@ FedProx mu {0.001, 0.01, 0.1, 1} at FedAvg's choice; SCAFFOLD (momentum 0 by def
 epochs are 4 for the alpha 0.1 rows. The choices are in TUNED; the alpha 0.5 and IID rows
 reuse them. (The grids were drawn up after a few exploratory runs that did look at the test
 split; the selection itself does not.)
+
+On FedProto's goal (3 points above training alone): on 8x8 digits an agent alone on its 3
+classes already reaches about 98.3% here, so fewer than 2 points are left to gain; with 60
+agents (about 20 samples each) alone drops to 95.4% and FedProto reaches 95.6% (lambda 2,
+same settings otherwise): its alignment helps a little, not 3 points, on this data.
 """
 
 from __future__ import annotations
@@ -72,12 +77,21 @@ FULL = Plan(agents=20, fraction=0.5, rounds=40, family="cnn_large", central_epoc
 QUICK = Plan(agents=6, fraction=0.5, rounds=3, family="cnn_small", central_epochs=2, proto_agents=6, proto_rounds=3)
 
 # Chosen by `--tune` (held-out accuracy on Dirichlet alpha 0.1 / the 3-class FedProto fleet).
+# Its table (held-out / test; the test column was never used to choose):
+#   fedavg   lr 0.01 m 0: 82.41 / 85.24   lr 0.01 m 0.9: 94.44 / 94.71   lr 0.05 m 0: 94.91 / 94.43 *
+#            lr 0.05 m 0.9: 93.52 / 94.71
+#   fedprox  mu 0.001: 93.98 / 93.87   mu 0.01: 94.91 / 94.43 *   mu 0.1: 94.44 / 94.15   mu 1: 92.13 / 91.92
+#   scaffold lr 0.01: 95.37 / 95.54   lr 0.02: 96.76 / 97.49   lr 0.05: 97.22 / 97.21 *   lr 0.1: 95.37 / 93.04
+#   alone    lr 0.02 e 2: 96.77 / 98.37   lr 0.02 e 4: 97.24 / 98.29 *   lr 0.05 e 2: 94.47 / 96.35
+#            lr 0.05 e 4: 96.77 / 97.50
+#   fedproto lambda 0.3: 96.77 / 98.71   1: 97.24 / 98.62   2: 97.70 / 98.58 *
+#            1 with warm-up 5 and momentum 0.5: 97.70 / 98.81 (a tie on held-out: the first wins)
 TUNED: dict[str, dict[str, Any]] = {
-    "fedavg": {"learning_rate": 0.05, "momentum": 0.9, "local_epochs": 4},
-    "fedprox": {"learning_rate": 0.05, "momentum": 0.9, "local_epochs": 4, "params": {"prox_mu": 0.01}},
+    "fedavg": {"learning_rate": 0.05, "momentum": 0.0, "local_epochs": 4},
+    "fedprox": {"learning_rate": 0.05, "momentum": 0.0, "local_epochs": 4, "params": {"prox_mu": 0.01}},
     "scaffold": {"learning_rate": 0.05, "momentum": 0.0, "local_epochs": 4},
-    "alone": {"learning_rate": 0.05, "momentum": 0.9, "local_epochs": 2, "params": {"proto_lambda": 0.0}},
-    "fedproto": {"learning_rate": 0.05, "momentum": 0.9, "local_epochs": 2, "params": {"proto_lambda": 1.0}},
+    "alone": {"learning_rate": 0.02, "momentum": 0.9, "local_epochs": 4, "params": {"proto_lambda": 0.0}},
+    "fedproto": {"learning_rate": 0.02, "momentum": 0.9, "local_epochs": 4, "params": {"proto_lambda": 2.0}},
 }
 
 
