@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.mqtt import BrokerAddress
@@ -82,6 +82,17 @@ class CoordinatorSettings(BaseSettings):
         BrokerAddress.parse(value)
         return value
 
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, value: float | None, info: ValidationInfo) -> float:
+        """Fills in the algorithm's default; ``algorithm`` is declared (so validated) before it."""
+        scaffold = info.data.get("algorithm") == "scaffold"
+        if value is None:
+            return 0.0 if scaffold else DEFAULT_MOMENTUM
+        if scaffold and value != 0.0:
+            raise ValueError("must be 0 for scaffold: its correction assumes plain SGD steps")
+        return value
+
     @field_validator("client_id")
     @classmethod
     def _client_id(cls, value: str | None) -> str | None:
@@ -93,11 +104,6 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("min_fit_agents cannot exceed min_available_agents")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
-        if self.momentum is None:
-            self.momentum = 0.0 if self.algorithm == "scaffold" else DEFAULT_MOMENTUM
-        elif self.algorithm == "scaffold" and self.momentum != 0.0:
-            raise ValueError(f"momentum must be 0 for scaffold (its correction assumes plain SGD steps), "
-                             f"got {self.momentum}")
         return self
 
     @property
