@@ -5,13 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.mqtt import BrokerAddress
 from protocol.topics import check_identifier
 
 AggregatorName = Literal["mean"]
+AlgorithmName = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
+
+DEFAULT_MOMENTUM = 0.9
+"""Local SGD momentum when none is set; SCAFFOLD's default is 0 (it corrects plain SGD steps)."""
 
 
 class CoordinatorSettings(BaseSettings):
@@ -28,15 +32,24 @@ class CoordinatorSettings(BaseSettings):
     http_port: int = Field(default=9100, ge=0, le=65535)
 
     # what
-    algorithm: Literal["fedavg"] = "fedavg"
+    algorithm: AlgorithmName = "fedavg"
     aggregator: AggregatorName = "mean"
     rounds: int = Field(default=20, ge=1, le=1_000_000)
     local_epochs: int = Field(default=2, ge=1, le=1000)
     learning_rate: float = Field(default=0.05, gt=0.0, le=10.0)
-    momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    momentum: float | None = Field(default=None, ge=0.0, lt=1.0,
+                                   description="local SGD momentum; default 0.9, or 0 for scaffold (which needs 0)")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
     batch_size: int | None = Field(default=None, ge=1)
-    server_learning_rate: float = Field(default=1.0, gt=0.0, le=10.0)
+    server_learning_rate: float = Field(default=1.0, gt=0.0, le=10.0,
+                                        description="global step on the mean delta (SCAFFOLD's global learning rate)")
+    prox_mu: float = Field(default=0.01, ge=0.0, le=100.0, description="fedprox: weight of the proximal term")
+    proto_lambda: float = Field(default=1.0, ge=0.0, le=1000.0, description="fedproto: weight of the alignment loss")
+    proto_warmup_rounds: int = Field(default=0, ge=0, le=100_000,
+                                     description="fedproto: rounds over which lambda ramps up linearly; 0: none")
+    proto_momentum: float = Field(default=0.0, ge=0.0, lt=1.0,
+                                  description="fedproto: server momentum on the global prototypes")
+    proto_normalize: bool = Field(default=False, description="fedproto: L2-normalise embeddings and prototypes")
     init_seed: int = Field(default=0, ge=0, lt=2**31)
     evaluate_final: bool = True
 
@@ -76,6 +89,17 @@ class CoordinatorSettings(BaseSettings):
     @classmethod
     def _broker_url(cls, value: str) -> str:
         BrokerAddress.parse(value)
+        return value
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, value: float | None, info: ValidationInfo) -> float:
+        """Fills in the algorithm's default; ``algorithm`` is declared (so validated) before it."""
+        scaffold = info.data.get("algorithm") == "scaffold"
+        if value is None:
+            return 0.0 if scaffold else DEFAULT_MOMENTUM
+        if scaffold and value != 0.0:
+            raise ValueError("must be 0 for scaffold: its correction assumes plain SGD steps")
         return value
 
     @field_validator("client_id")

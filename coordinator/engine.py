@@ -263,7 +263,8 @@ class RoundEngine:
         if open_round.announcement.task == "train":
             started = time.perf_counter()
             try:
-                dropped = self.strategy.aggregate(open_round.number, list(open_round.updates.values()))
+                dropped = self.strategy.aggregate(open_round.number, list(open_round.updates.values()),
+                                                  population=self.registry.count_by_family())
             except AggregationError as exc:
                 log.error("round %d failed to aggregate: %s", open_round.number, exc)
                 self._finish_round(open_round, "failed", exc.reason, now)

@@ -107,6 +107,10 @@ class AgentRegistry:
         return sum(1 for r in self._agents.values()
                    if r.status.state == "budget_exhausted" and now - r.last_seen <= self.timeout_s)
 
+    def count_by_family(self) -> dict[str, int]:
+        """Agents known per model family, online or not: the population a round samples from."""
+        return dict(Counter(r.status.family for r in self._agents.values()))
+
     def online_by_device(self, now: float) -> Counter[str]:
         return Counter(r.status.device for r in self.available(now))
 

@@ -270,7 +270,8 @@ class EdgeAgent:
         self.rounds_answered += 1
         privacy = f", epsilon {update.privacy.epsilon:.4g}" if update.privacy is not None else ""
         log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f%s", update.round, update.task,
-                 "weights" if update.weights else "delta" if update.delta else "metrics",
+                 "weights" if update.weights else "delta" if update.delta
+                 else "prototypes" if update.prototypes is not None else "metrics",
                  update.metrics.eval_accuracy or 0.0, privacy)
         if update.privacy is not None and update.privacy.exhausted:
             log.warning("privacy budget spent (epsilon %.4g of %.4g): this agent stops training",

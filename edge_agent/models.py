@@ -7,6 +7,7 @@ BatchNorm mixes samples within a batch.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
@@ -65,16 +66,22 @@ FAMILIES: dict[str, Callable[[tuple[int, int, int]], nn.Module]] = {
 }
 
 
+_GLOBAL_RNG = threading.Lock()
+"""Layers initialise from torch's global generator: agents sharing a process (the in-process
+launcher) must not seed and draw from it at the same time, or equal seeds give unequal models."""
+
+
 def build_model(family: str, in_shape: tuple[int, int, int], num_classes: int, seed: int) -> FedModel:
     """The family's model with weights drawn from ``seed``: equal seeds give equal models."""
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; known: {', '.join(FAMILIES)}")
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
-        return FedModel(FAMILIES[family](in_shape), num_classes)
-    finally:
-        torch.random.set_rng_state(generator_state)
+    with _GLOBAL_RNG:
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            return FedModel(FAMILIES[family](in_shape), num_classes)
+        finally:
+            torch.random.set_rng_state(generator_state)
 
 
 def parameter_count(model: nn.Module) -> int:

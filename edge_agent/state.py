@@ -65,3 +65,19 @@ class AgentStateDir:
     def remove(self, name: str) -> None:
         for suffix in (".json", ".msgpack"):
             (self.root / f"{name}{suffix}").unlink(missing_ok=True)
+
+    def names(self, prefix: str = "") -> list[str]:
+        """Names of the entries (JSON or arrays) that start with ``prefix``."""
+        found = set()
+        for path in self.root.iterdir():
+            for suffix in (".json", ".msgpack"):
+                if path.is_file() and path.name.endswith(suffix) and path.name.startswith(prefix):
+                    found.add(path.name[: -len(suffix)])
+        return sorted(found)
+
+    def remove_matching(self, prefix: str, keep: str) -> list[str]:
+        """Remove every entry named ``prefix...`` except ``keep`` (e.g. an earlier run's state)."""
+        stale = [name for name in self.names(prefix) if name != keep]
+        for name in stale:
+            self.remove(name)
+        return stale

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from edge_agent.algorithms.base import ClientAlgorithm
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from protocol.messages import LocalTraining
+
+if TYPE_CHECKING:
+    from edge_agent.algorithms.base import ClientAlgorithm
 
 
 @dataclass(frozen=True)

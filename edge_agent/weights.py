@@ -24,4 +24,5 @@ def set_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
 
 
 def subtract(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {name: (local[name] - base[name]).astype(local[name].dtype, copy=False) for name in local}
+    """``local - base`` per name, in ``local``'s dtypes; 0-d arrays (counters) stay arrays, not scalars."""
+    return {name: np.asarray(local[name] - base[name]).astype(local[name].dtype, copy=False) for name in local}

@@ -43,12 +43,16 @@ class CentralEvaluation:
 
 
 def load_family_weights(state_dir: Path) -> dict[str, tuple[int, dict[str, Any]]]:
-    """{family: (round, weights)} from the coordinator's checkpoint; empty if there is none."""
+    """{family: (round, weights)} from the coordinator's checkpoint; empty if there is none.
+
+    Families without weights (FedProto shares prototypes only; the models stay on the agents)
+    are left out: there is no global model to evaluate.
+    """
     saved = CheckpointStore(Path(state_dir)).load("checkpoint")
     if saved is None:
         return {}
     families = saved["strategy"]["families"]
-    return {name: (int(state["round"]), state["weights"]) for name, state in families.items()}
+    return {name: (int(state["round"]), state["weights"]) for name, state in families.items() if state["weights"]}
 
 
 def central_evaluation(state_dir: Path, agent_families: list[str], *, data: str = "digits",

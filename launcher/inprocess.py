@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
 from coordinator.config import CoordinatorSettings
+from coordinator.engine import RoundEngine
 from coordinator.rounds import RoundSummary
 from coordinator.service import CoordinatorService
 from coordinator.strategies.base import Strategy
@@ -32,11 +34,25 @@ class FederationResult:
     wall_s: float
 
 
-def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings],
-                   timeout_s: float = 600.0) -> FederationResult:
-    """Run until the coordinator finishes; raises TimeoutError after ``timeout_s``."""
+def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings], timeout_s: float = 600.0,
+                   on_round_closed: Callable[[RoundSummary, RoundEngine], None] | None = None) -> FederationResult:
+    """Run until the coordinator finishes; raises TimeoutError after ``timeout_s``.
+
+    ``on_round_closed`` runs on the coordinator's thread after each round is recorded (the
+    engine's strategy then holds the states the next round starts from), e.g. to score every
+    round's global model; the next round waits for it.
+    """
     coordinator = coordinator.model_copy(update={"exit_when_finished": True, "http_port": 0})
     service = CoordinatorService(coordinator, registry=CollectorRegistry())
+    if on_round_closed is not None:
+        engine, record = service.engine, service.engine.on_round_closed
+
+        def observe(summary: RoundSummary) -> None:
+            if record is not None:
+                record(summary)
+            on_round_closed(summary, engine)
+
+        engine.on_round_closed = observe
     fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False) for a in agents]
     stop = threading.Event()
     started = time.perf_counter()

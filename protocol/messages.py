@@ -181,6 +181,7 @@ class Update(Message):
     Exactly one payload shape per task: ``delta`` (local minus global weights) in a normal
     training round, ``weights`` when the family had no global state yet (bootstrap), neither
     for evaluation or FedProto, which sends only ``prototypes`` with ``prototype_counts``.
+    SCAFFOLD adds ``control_delta`` (named like the parameters) to its delta or weights.
     """
 
     kind: Literal["update"] = "update"
@@ -204,9 +205,14 @@ class Update(Message):
     def _check(self) -> Update:
         if self.weights and self.delta:
             raise PydanticCustomError("schema", "an update carries weights or a delta, not both")
-        if self.task == "evaluate" and (self.weights or self.delta or self.prototypes is not None):
+        model_payload = bool(self.weights or self.delta)
+        if self.task == "evaluate" and (model_payload or self.control_delta or self.prototypes is not None):
             raise PydanticCustomError("schema", "an evaluation answer carries no model payload")
         _check_prototypes(self.prototypes, self.prototype_counts)
+        if self.prototypes is not None and (model_payload or self.control_delta):
+            raise PydanticCustomError("schema", "a prototype update carries no weights, delta or control delta")
+        if self.control_delta and not model_payload:
+            raise PydanticCustomError("schema", "a control delta travels with the weights or delta it belongs to")
         return self
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -89,10 +89,13 @@ class Strategy(ABC):
             raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
 
     @abstractmethod
-    def aggregate(self, round_number: int, updates: Sequence[Update]) -> list[Dropped]:
+    def aggregate(self, round_number: int, updates: Sequence[Update],
+                  population: Mapping[str, int] | None = None) -> list[Dropped]:
         """Turn one round's accepted updates into ``states`` for round ``round_number + 1``.
 
-        Returns the updates it had to leave out, and why.
+        ``population`` is the number of agents of each family known to the coordinator (online
+        or not), for strategies that scale by it (SCAFFOLD's 1/N). Returns the updates it had to
+        leave out, and why. Raises AggregationError when the round cannot be aggregated.
         """
 
     def state_dict(self) -> dict[str, Any]:
@@ -109,26 +112,36 @@ class Dropped:
     detail: str
 
 
-def majority_layout(updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
-    """Keep the updates whose ``payload`` arrays share the most common layout.
+def majority_by(updates: Sequence[Update], key: Callable[[Update], Hashable],
+                what: str) -> tuple[list[Update], list[Dropped]]:
+    """Keep the updates whose ``key`` (a payload's layout) is the most common one.
 
     Bootstrap rounds have no global state to check shapes against, so one broken or hostile
     agent must not define the model: the layout sent by most agents (then by most samples,
     then the first) wins, and the others are dropped.
     """
-    groups: dict[tuple, list[Update]] = {}
+    groups: dict[Hashable, list[Update]] = {}
     for update in updates:
-        key = tuple(sorted((name, shape, dtype) for name, (shape, dtype) in layout_of(getattr(update, payload)).items()))
-        groups.setdefault(key, []).append(update)
+        groups.setdefault(key(update), []).append(update)
     best = max(groups.values(), key=lambda g: (len(g), sum(u.num_samples for u in g)))
     kept = {id(u) for u in best}
-    dropped = [Dropped(u.agent_id, RejectReason.BAD_SHAPE, f"{payload} layout differs from the majority's")
+    dropped = [Dropped(u.agent_id, RejectReason.BAD_SHAPE, f"{what} layout differs from the majority's")
                for u in updates if id(u) not in kept]
     return best, dropped
 
 
+def majority_layout(updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
+    """:func:`majority_by` the layout of the named arrays in field ``payload``."""
+    def key(update: Update) -> Hashable:
+        return tuple(sorted((name, shape, dtype) for name, (shape, dtype) in layout_of(getattr(update, payload)).items()))
+
+    return majority_by(updates, key, payload)
+
+
 def group_by_family(updates: Sequence[Update]) -> dict[str, list[Update]]:
+    """Updates per family, each group in agent-id order: floating-point sums then do not
+    depend on the order in which updates happened to arrive, so runs reproduce."""
     groups: dict[str, list[Update]] = {}
-    for update in updates:
+    for update in sorted(updates, key=lambda u: u.agent_id):
         groups.setdefault(update.family, []).append(update)
     return groups

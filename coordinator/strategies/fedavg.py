@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -12,13 +12,16 @@ from protocol.messages import Update
 
 
 def apply_delta(weights: dict[str, np.ndarray], delta: dict[str, np.ndarray], lr: float) -> dict[str, np.ndarray]:
-    """weights + lr * delta for floating arrays; integer arrays take the delta as is."""
+    """weights + lr * delta for floating arrays; integer arrays take the delta as is.
+
+    Results stay arrays for 0-d inputs too (numpy arithmetic on those yields scalars).
+    """
     out = {}
     for name, value in weights.items():
         if value.dtype.kind in "fc":
-            out[name] = (value.astype(np.float64) + lr * delta[name].astype(np.float64)).astype(value.dtype)
+            out[name] = np.asarray(value.astype(np.float64) + lr * delta[name].astype(np.float64)).astype(value.dtype)
         else:
-            out[name] = value + delta[name]
+            out[name] = np.asarray(value + delta[name]).astype(value.dtype)
     return out
 
 
@@ -29,7 +32,8 @@ class FedAvg(Strategy):
         super().__init__(aggregator)
         self.server_learning_rate = server_learning_rate
 
-    def aggregate(self, round_number: int, updates: Sequence[Update]) -> list[Dropped]:
+    def aggregate(self, round_number: int, updates: Sequence[Update],
+                  population: Mapping[str, int] | None = None) -> list[Dropped]:
         dropped: list[Dropped] = []
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from edge_agent.algorithms.base import ClientAlgorithm
+from edge_agent.algorithms.base import ClientAlgorithm, RoundContext
 from edge_agent.algorithms.fedavg import FedAvgClient
+from edge_agent.algorithms.fedproto import FedProtoClient
+from edge_agent.algorithms.fedprox import FedProxClient
+from edge_agent.algorithms.scaffold import ScaffoldClient
 from edge_agent.state import AgentStateDir
 
 CLIENT_ALGORITHMS: dict[str, type[ClientAlgorithm]] = {
-    FedAvgClient.name: FedAvgClient,
+    cls.name: cls for cls in (FedAvgClient, FedProxClient, ScaffoldClient, FedProtoClient)
 }
 
 
-def build_client_algorithm(name: str, params: Mapping[str, float | int | bool], state: AgentStateDir) -> ClientAlgorithm:
+def build_client_algorithm(name: str, params: Mapping[str, float | int | bool], state: AgentStateDir,
+                           context: RoundContext) -> ClientAlgorithm:
     if name not in CLIENT_ALGORITHMS:
         raise ValueError(f"this agent does not implement algorithm {name!r}")
-    return CLIENT_ALGORITHMS[name](params, state)
+    return CLIENT_ALGORITHMS[name](params, state, context)
 
 
-__all__ = ["ClientAlgorithm", "build_client_algorithm", "CLIENT_ALGORITHMS"]
+__all__ = ["CLIENT_ALGORITHMS", "ClientAlgorithm", "RoundContext", "build_client_algorithm"]

@@ -1,8 +1,14 @@
 """Hooks through which an algorithm shapes local training and the update it produces.
 
-Local training calls, per round: ``begin`` once the model holds the global weights, then per
-batch ``extra_loss`` (added to cross-entropy) and ``after_backward`` (may edit gradients),
-and finally ``payload`` for the fields of the update.
+Per round the worker calls ``load`` (put the round's starting weights into the model: the
+global ones, or FedProto's personal model), ``metrics`` on the held-out data, and for a
+training round ``check_plan``, ``begin``, then per batch ``extra_loss`` (added to
+cross-entropy) and ``after_backward`` (edits gradients), and finally ``payload`` for the
+fields of the update and ``metrics`` again.
+
+``extra_loss`` terms depend on the batch (FedProto's alignment); ``after_backward`` edits are
+data-independent (FedProx's proximal gradient, SCAFFOLD's correction), so under DP-SGD they
+belong after clipping and noise, where they cost no privacy.
 
 Under DP (``edge_agent/privacy/dp_training.py`` states the contract) an agent runs only
 algorithms with ``dp_compatible = True``: ``extra_loss`` per-sample through the model's
@@ -13,17 +19,20 @@ and raw-data statistics in the payload only through ``prototype_release``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.state import AgentStateDir
-from edge_agent.weights import get_arrays, subtract
+from edge_agent.training import TrainResult
+from edge_agent.weights import get_arrays, set_arrays, subtract
 from protocol.errors import ProtocolError, Reason
-from protocol.messages import GlobalState
+from protocol.messages import GlobalState, LocalTraining
 
 if TYPE_CHECKING:
     from edge_agent.privacy.prototypes import PrototypeRelease
@@ -35,6 +44,16 @@ class AlgorithmParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True)
+class RoundContext:
+    """Which run, round and model family an algorithm works for: durable state is keyed by them."""
+
+    run_id: str
+    round: int
+    family: str
+    device: torch.device
+
+
 class ClientAlgorithm:
     name: ClassVar[str]
     params_model: ClassVar[type[AlgorithmParams]] = AlgorithmParams
@@ -43,18 +62,29 @@ class ClientAlgorithm:
     releases_prototypes: ClassVar[bool] = False
     """Its payload holds statistics of raw records (FedProto); under DP they go through ``prototype_release``."""
 
-    def __init__(self, params: Mapping[str, float | int | bool], state: AgentStateDir) -> None:
+    def __init__(self, params: Mapping[str, float | int | bool], state: AgentStateDir, context: RoundContext) -> None:
         try:
             self.params = self.params_model.model_validate(dict(params))
         except ValidationError as exc:
-            raise ProtocolError(Reason.SCHEMA, f"{self.name} parameters: {exc.errors()[0]['msg']}") from None
+            error = exc.errors()[0]
+            where = ".".join(str(p) for p in error["loc"])
+            raise ProtocolError(Reason.SCHEMA, f"{self.name} parameter {where}: {error['msg']}") from None
         self.state = state
+        self.context = context
         self.base: dict[str, np.ndarray] | None = None
         self.prototype_release: PrototypeRelease | None = None
         """Set by DP training for algorithms that release prototypes; None without DP."""
 
-    def begin(self, model: FedModel, global_state: GlobalState | None, device: torch.device) -> None:
-        """``global_state`` is None when the family bootstraps from its seeded init."""
+    def load(self, model: FedModel, global_state: GlobalState | None) -> None:
+        """Start from the family's global weights; ``global_state`` is None when it bootstraps."""
+        if global_state is not None:
+            set_arrays(model, global_state.weights)
+
+    def check_plan(self, plan: LocalTraining) -> None:
+        """Raise ProtocolError if the announced local training does not suit this algorithm."""
+
+    def begin(self, model: FedModel, global_state: GlobalState | None) -> None:
+        """Called once the model holds the round's starting weights, before the first step."""
         self.base = get_arrays(model) if global_state is not None else None
 
     def extra_loss(self, model: FedModel, embeddings: torch.Tensor, logits: torch.Tensor,
@@ -64,9 +94,18 @@ class ClientAlgorithm:
     def after_backward(self, model: FedModel) -> None:
         return None
 
-    def payload(self, model: FedModel, steps: int, learning_rate: float) -> dict[str, Any]:
+    def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:
         """Update fields: ``delta`` from the global weights, or ``weights`` when bootstrapping."""
         local = get_arrays(model)
         if self.base is None:
             return {"weights": local}
         return {"delta": subtract(local, self.base)}
+
+    def metrics(self, model: FedModel, held_out: Dataset) -> dict[str, float]:
+        """Extra metrics of ``model`` (reported in ``TrainMetrics.extra``)."""
+        return {}
+
+
+def parameter_names(model: torch.nn.Module) -> list[str]:
+    """Trainable parameters in state-dict naming; buffers (running statistics, counters) excluded."""
+    return [name for name, p in model.named_parameters() if p.requires_grad]

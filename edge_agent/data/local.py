@@ -28,6 +28,9 @@ def build_local_data(data: str, *, partition: str = "none", num_partitions: int 
     pool, _test = load_dataset(data, seed=data_seed)
     if partition == "none":
         mine = pool
+        classes = len(set(pool.y.tolist()))
+        log.info("this agent holds its whole data set: %d samples, %d classes (no fleet to compare with)",
+                 len(pool), classes)
     else:
         parts = make_partition(partition, pool.y, num_partitions, data_seed, alpha=alpha, min_size=min_size,
                                classes_per_client=classes_per_client)

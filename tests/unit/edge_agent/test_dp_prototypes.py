@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
 
-from edge_agent.algorithms.fedavg import FedAvgClient
+from edge_agent.algorithms.base import RoundContext
+from edge_agent.algorithms.fedproto import FedProtoClient
 from edge_agent.data.datasets import load_digits
 from edge_agent.models import FedModel, build_model
 from edge_agent.privacy.config import DPConfig
@@ -19,6 +18,8 @@ from edge_agent.privacy.prototypes import PrototypeRelease
 from edge_agent.privacy.trainer import PrivateTrainer
 from edge_agent.state import AgentStateDir
 from protocol.messages import LocalTraining
+
+CPU = torch.device("cpu")
 
 
 def test_prototypes_are_means_of_clipped_embeddings() -> None:
@@ -51,22 +52,12 @@ def test_a_release_happens_once_per_charge() -> None:
         release.release(torch.zeros((2, 3)), torch.tensor([0, 1]), 2)
 
 
-class PrototypeClient(FedAvgClient):
-    """FedProto-like: sends per-class prototypes of its training records, through the release under DP."""
-
-    name = "protolike"
-    releases_prototypes = True
-
-    def __init__(self) -> None:
-        super().__init__({}, None)  # type: ignore[arg-type]
-        self.records: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def payload(self, model: FedModel, steps: int, learning_rate: float) -> dict[str, Any]:
-        assert self.records is not None and self.prototype_release is not None
-        x, y = self.records
-        with torch.no_grad():
-            prototypes, counts = self.prototype_release.release(model.embed(x), y, 10)
-        return {"prototypes": prototypes, "prototype_counts": counts}
+def fedproto_client(state_dir: Path, model: FedModel) -> FedProtoClient:
+    """The real FedProto client, as the worker sets it up for a first round."""
+    client = FedProtoClient({"lambda": 1.0}, AgentStateDir(state_dir), RoundContext("run1", 1, "mlp_tiny", CPU))
+    client.load(model, None)
+    client.begin(model, None)
+    return client
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +70,8 @@ def test_prototype_rounds_need_the_mechanism(tmp_path: Path, data) -> None:
     trainer = PrivateTrainer.open(DPConfig(noise_multiplier=1.0), AgentStateDir(tmp_path))
     model = build_model("mlp_tiny", (1, 8, 8), 10, seed=0)
     with pytest.raises(PrivacyUnsupported, match="dp_prototype_noise_multiplier"):
-        trainer.train(model, data, LocalTraining(epochs=1, learning_rate=0.1), 25, torch.device("cpu"),
-                      PrototypeClient())
+        trainer.train(model, data, LocalTraining(epochs=1, learning_rate=0.1), 25, CPU,
+                      fedproto_client(tmp_path / "agent", model))
     assert trainer.spent().epsilon == 0.0
 
 
@@ -88,10 +79,10 @@ def test_prototype_release_is_charged_with_the_training(tmp_path: Path, data) ->
     config = DPConfig(noise_multiplier=1.0, prototype_noise_multiplier=5.0, prototype_clip=1.0)
     trainer = PrivateTrainer.open(config, AgentStateDir(tmp_path))
     model = build_model("mlp_tiny", (1, 8, 8), 10, seed=0)
-    client = PrototypeClient()
-    client.records = (torch.from_numpy(data.x), torch.from_numpy(data.y))
-    result = trainer.train(model, data, LocalTraining(epochs=1, learning_rate=0.1), 25, torch.device("cpu"), client)
-    payload = client.payload(model, result.steps, 0.1)
+    client = fedproto_client(tmp_path / "agent", model)
+    plan = LocalTraining(epochs=1, learning_rate=0.1)
+    result = trainer.train(model, data, plan, 25, CPU, client)
+    payload = client.payload(model, data, result, plan)
     assert payload["prototypes"].shape == (10, 64) and payload["prototype_counts"].sum() > 50
     assert trainer.ledger.history == [(1.0, 0.25, 4), (5.0, 1.0, 1)]
     training_only = trainer.ledger.__class__("rdp", 1e-5, None).epsilon_with([Charge(1.0, 0.25, 4)])

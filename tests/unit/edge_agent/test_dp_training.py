@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from edge_agent.algorithms.base import ClientAlgorithm
+from edge_agent.algorithms.base import ClientAlgorithm, RoundContext
 from edge_agent.algorithms.fedavg import FedAvgClient
 from edge_agent.data.datasets import load_digits
 from edge_agent.models import FedModel, build_model
@@ -24,6 +24,7 @@ from protocol.messages import LocalTraining
 
 PLAN = LocalTraining(epochs=1, learning_rate=0.5)
 CPU = torch.device("cpu")
+CONTEXT = RoundContext("run1", 1, "mlp_tiny", CPU)
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +56,11 @@ def test_per_sample_clipping_bounds_the_step(data) -> None:
     net = model()
     before = get_arrays(net)
     clip = 1e-4
-    train_private(net, data, PLAN, shape, shape.charge(1e-9), clip, CPU, FedAvgClient({}, None))  # type: ignore[arg-type]
+    train_private(net, data, PLAN, shape, shape.charge(1e-9), clip, CPU, FedAvgClient({}, None, CONTEXT))  # type: ignore[arg-type]
     bound = PLAN.learning_rate * clip * len(data) / 32 * shape.steps  # every record in every batch, worst case
     assert 0 < moved(before, net) <= bound
     unclipped = model()
-    train_local(unclipped, data, PLAN, 32, CPU, FedAvgClient({}, None), seed=0)  # type: ignore[arg-type]
+    train_local(unclipped, data, PLAN, 32, CPU, FedAvgClient({}, None, CONTEXT), seed=0)  # type: ignore[arg-type]
     assert moved(before, unclipped) > 100 * bound
 
 
@@ -69,7 +70,7 @@ def test_noise_is_added_with_the_charged_multiplier(data) -> None:
     net = model()
     before = get_arrays(net)
     sigma, clip = 50.0, 1e-3
-    train_private(net, data, PLAN, shape, shape.charge(sigma), clip, CPU, FedAvgClient({}, None))  # type: ignore[arg-type]
+    train_private(net, data, PLAN, shape, shape.charge(sigma), clip, CPU, FedAvgClient({}, None, CONTEXT))  # type: ignore[arg-type]
     params = sum(p.numel() for p in net.parameters())
     expected = PLAN.learning_rate * sigma * clip / 32 * np.sqrt(shape.steps * params)
     assert moved(before, net) == pytest.approx(expected, rel=0.1)
@@ -79,7 +80,7 @@ def test_hooks_are_removed_so_the_next_round_can_wrap_again(data) -> None:
     shape = RoundShape.of(len(data), 32, 1)
     net = model()
     for _ in range(2):  # Opacus refuses to hook a module twice: a leftover hook would fail here
-        train_private(net, data, PLAN, shape, shape.charge(1.0), 1.0, CPU, FedAvgClient({}, None))  # type: ignore[arg-type]
+        train_private(net, data, PLAN, shape, shape.charge(1.0), 1.0, CPU, FedAvgClient({}, None, CONTEXT))  # type: ignore[arg-type]
     assert not hasattr(net, "autograd_grad_sample_hooks")
     assert not any(hasattr(p, "grad_sample") for p in net.parameters())
 
@@ -90,7 +91,7 @@ class RecordingCorrection(FedAvgClient):
     name = "recording"
 
     def __init__(self) -> None:
-        super().__init__({}, None)  # type: ignore[arg-type]
+        super().__init__({}, None, CONTEXT)  # type: ignore[arg-type]
         self.norms: list[float] = []
 
     def after_backward(self, model: FedModel) -> None:
@@ -112,7 +113,7 @@ class ProximalInTheLoss(FedAvgClient):
     name = "proximal-in-loss"
 
     def __init__(self) -> None:
-        super().__init__({}, None)  # type: ignore[arg-type]
+        super().__init__({}, None, CONTEXT)  # type: ignore[arg-type]
         self.anchor: list[torch.Tensor] | None = None
 
     def extra_loss(self, model, embeddings, logits, labels):
@@ -139,21 +140,21 @@ class AlignToPrototypes(FedAvgClient):
 def test_a_per_sample_term_in_the_loss_is_allowed(data) -> None:
     shape = RoundShape.of(len(data), 32, 1)
     result = train_private(model(), data, PLAN, shape, shape.charge(1.0), 1.0, CPU,
-                           AlignToPrototypes({}, None))  # type: ignore[arg-type]
+                           AlignToPrototypes({}, None, CONTEXT))  # type: ignore[arg-type]
     assert result.steps == shape.steps
 
 
 def test_trainer_charges_before_training_and_refuses_past_the_budget(tmp_path: Path, data) -> None:
     config = DPConfig(noise_multiplier=1.0, budget_epsilon=100.0)
     trainer = PrivateTrainer.open(config, AgentStateDir(tmp_path))
-    trainer.train(model(), data, PLAN, 32, CPU, FedAvgClient({}, None))  # type: ignore[arg-type]
+    trainer.train(model(), data, PLAN, 32, CPU, FedAvgClient({}, None, CONTEXT))  # type: ignore[arg-type]
     one_round = trainer.spent().epsilon
     assert PrivacyLedger.open(AgentStateDir(tmp_path), config).epsilon == one_round > 0
     tight = PrivateTrainer.open(DPConfig(noise_multiplier=1.0, budget_epsilon=one_round * 1.01),
                                 AgentStateDir(tmp_path))
     assert tight.exhausted and tight.spent().exhausted
     with pytest.raises(BudgetExhausted):
-        tight.train(model(), data, PLAN, 32, CPU, FedAvgClient({}, None))  # type: ignore[arg-type]
+        tight.train(model(), data, PLAN, 32, CPU, FedAvgClient({}, None, CONTEXT))  # type: ignore[arg-type]
     assert PrivacyLedger.open(AgentStateDir(tmp_path), config).epsilon == one_round
 
 
@@ -164,5 +165,5 @@ class NotDeclared(ClientAlgorithm):
 def test_trainer_refuses_algorithms_not_marked_dp_compatible(tmp_path: Path, data) -> None:
     trainer = PrivateTrainer.open(DPConfig(noise_multiplier=1.0), AgentStateDir(tmp_path))
     with pytest.raises(PrivacyUnsupported, match="not marked DP-compatible"):
-        trainer.train(model(), data, PLAN, 32, CPU, NotDeclared({}, None))  # type: ignore[arg-type]
+        trainer.train(model(), data, PLAN, 32, CPU, NotDeclared({}, None, CONTEXT))  # type: ignore[arg-type]
     assert trainer.spent().epsilon == 0.0

@@ -316,6 +316,11 @@ def test_timestamps_of_invalid_length_are_rejected() -> None:
         pytest.param({"weights": {"w": np.ones(2, dtype="<f4")}}, id="weights-and-delta"),
         pytest.param({"task": "evaluate"}, id="evaluation-with-payload"),
         pytest.param({"prototypes": np.ones((2, 3), dtype="<f4")}, id="prototypes-without-counts"),
+        pytest.param({"prototypes": np.ones((2, 3), dtype="<f4"), "prototype_counts": np.ones(2, dtype="<i8")},
+                     id="prototypes-with-delta"),
+        pytest.param({"delta": {}, "control_delta": {"w": np.ones(2, dtype="<f4")}}, id="control-delta-alone"),
+        pytest.param({"delta": {}, "task": "evaluate", "control_delta": {"w": np.ones(2, dtype="<f4")}},
+                     id="evaluation-with-control-delta"),
     ],
 )
 def test_wrong_field_types_and_values_are_schema_errors(overrides: dict[str, Any]) -> None:
@@ -381,7 +386,7 @@ def test_non_finite_arrays_are_rejected(bad: float, dtype: str, field: str) -> N
 def test_non_finite_prototypes_are_rejected() -> None:
     protos = np.ones((2, 3), dtype="<f4")
     protos[0, 0] = np.nan
-    message = update_dict(prototypes=protos, prototype_counts=np.array([1, 2], dtype="<i8"))
+    message = update_dict(prototypes=protos, prototype_counts=np.array([1, 2], dtype="<i8"), delta={})
     assert reason_of(lambda: decode_message(encode(message))) is Reason.NON_FINITE
 
 
@@ -416,7 +421,7 @@ def test_integer_arrays_have_no_finiteness_to_check() -> None:
     ],
 )
 def test_prototypes_of_the_wrong_shape_are_bad_shape(prototypes: np.ndarray, counts: np.ndarray) -> None:
-    message = update_dict(prototypes=prototypes, prototype_counts=counts)
+    message = update_dict(prototypes=prototypes, prototype_counts=counts, delta={})
     assert reason_of(lambda: decode_message(encode(message))) is Reason.BAD_SHAPE
 
 

@@ -284,14 +284,18 @@ def updates(draw: st.DrawFn) -> Update:
     task = draw(st.sampled_from(["train", "evaluate"]))
     weights: dict[str, np.ndarray] = {}
     delta: dict[str, np.ndarray] = {}
+    control_delta: dict[str, np.ndarray] = {}
     protos, class_counts = None, None
     if task == "train":
-        payload = draw(st.sampled_from(["weights", "delta", "none"]))
+        payload = draw(st.sampled_from(["weights", "delta", "prototypes", "none"]))
         if payload == "weights":
             weights = draw(named_arrays())
         elif payload == "delta":
             delta = draw(named_arrays())
-        protos, class_counts = draw(prototype_pairs())
+        elif payload == "prototypes":
+            protos, class_counts = draw(prototype_pairs())
+        if weights or delta:
+            control_delta = draw(named_arrays(max_size=2))
     return Update(
         run_id=draw(identifiers),
         agent_id=draw(identifiers),
@@ -302,7 +306,7 @@ def updates(draw: st.DrawFn) -> Update:
         num_samples=draw(counts),
         weights=weights,
         delta=delta,
-        control_delta=draw(named_arrays(max_size=2)),
+        control_delta=control_delta,
         prototypes=protos,
         prototype_counts=class_counts,
         metrics=draw(train_metrics),

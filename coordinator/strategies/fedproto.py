@@ -1,0 +1,179 @@
+"""FedProto (Tan et al., 2022): agents with different models share class prototypes only.
+
+An agent's prototype of class ``c`` is the mean embedding of its training samples of ``c``;
+it sends one ``[classes, dim]`` float32 array with the count behind each row, never weights.
+Every model family embeds into the same dimension, so one set of global prototypes serves
+them all. It is published under each known family's own topic (``global/{family}/{round}``,
+identical payloads apart from the family name, one digest), so agents subscribe to their
+family's topic as under FedAvg and a family that never trained still gets the prototypes.
+
+Server side, per round: the count-weighted per-class mean of the agents' prototypes (through
+the configured aggregator), optionally L2-normalised, then mixed with the previous global
+prototypes by ``momentum``. A class nobody reported this round keeps its previous prototype.
+The alignment weight ``lambda`` is announced each round, ramped up over ``warmup_rounds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from coordinator.aggregators import Aggregator
+from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, majority_by
+from protocol.messages import Update
+
+log = logging.getLogger(__name__)
+
+PROTOTYPE_DTYPE = np.dtype("<f4")
+DRIFT_FACTOR = 3.0
+"""An agent whose prototypes lie this many times the round's median distance from the global
+ones is logged as drifting (a broken sensor, a poisoned data set, a bug in its build)."""
+
+
+def aggregate_prototypes(aggregator: Aggregator, prototypes: Sequence[np.ndarray],
+                         counts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, the count-weighted mean of the prototypes of the agents that hold the class.
+
+    Weighted by counts because an agent's prototype of class ``c`` is the mean of its ``n_ic``
+    embeddings of ``c``: weighting each by ``n_ic`` makes the global prototype the mean of every
+    embedding of ``c`` in the federation, exactly what pooling the samples would give. An agent
+    with 3 samples of a class then moves it as much as 3 samples should, not as much as one
+    with 300. Agents without the class (count 0) take no part in its row; a class no agent holds
+    gets a zero row and count 0. Each class is one call of ``aggregator`` over
+    ``[{"proto": row}, ...]`` with the counts as weights, so robust aggregators apply per class.
+
+    Returns (prototypes [classes, dim] float32, counts [classes] int64 summed over agents).
+    """
+    if not prototypes or len(prototypes) != len(counts):
+        raise ValueError(f"{len(prototypes)} prototype arrays for {len(counts)} count arrays")
+    classes, dim = prototypes[0].shape
+    merged = np.zeros((classes, dim), dtype=PROTOTYPE_DTYPE)
+    totals = np.zeros(classes, dtype=np.int64)
+    for c in range(classes):
+        holders = [i for i, n in enumerate(counts) if n[c] > 0]
+        if not holders:
+            continue
+        mean = aggregator([{"proto": prototypes[i][c]} for i in holders], [float(counts[i][c]) for i in holders])
+        merged[c] = mean["proto"]
+        totals[c] = sum(int(counts[i][c]) for i in holders)
+    return merged, totals
+
+
+def normalize_rows(prototypes: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Rows with a count scaled to unit L2 norm (a zero row stays zero)."""
+    out = prototypes.astype(np.float64)
+    norms = np.linalg.norm(out, axis=1)
+    scale = (counts > 0) & (norms > 0)
+    out[scale] /= norms[scale, None]
+    return out.astype(PROTOTYPE_DTYPE)
+
+
+class FedProto(Strategy):
+    algorithm = "fedproto"
+
+    def __init__(self, aggregator: Aggregator, lam: float, *, warmup_rounds: int = 0, momentum: float = 0.0,
+                 normalize: bool = False) -> None:
+        super().__init__(aggregator)
+        if lam < 0 or warmup_rounds < 0 or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"fedproto needs lambda >= 0, warmup_rounds >= 0 and momentum in [0, 1), "
+                             f"got {lam}, {warmup_rounds}, {momentum}")
+        self.lam = lam
+        self.warmup_rounds = warmup_rounds
+        self.momentum = momentum
+        self.normalize = normalize
+        self.prototypes: np.ndarray | None = None
+        self.counts: np.ndarray | None = None
+
+    def scheduled_lambda(self, round_number: int) -> float:
+        """``lambda * min(1, (round - 1) / warmup_rounds)``: zero in round 1 (no global prototypes
+        exist yet), the full weight from round ``warmup_rounds + 1``; constant without warm-up."""
+        if self.warmup_rounds == 0:
+            return self.lam
+        return self.lam * min(1.0, max(round_number - 1, 0) / self.warmup_rounds)
+
+    def round_params(self, round_number: int) -> dict[str, float | int | bool]:
+        return {"lambda": self.scheduled_lambda(round_number), "normalize": self.normalize}
+
+    def check_update(self, update: Update) -> None:
+        state = self.states.get(update.family)
+        if state is not None and update.base_digest != state.digest:
+            raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
+        if update.prototypes is None or update.prototype_counts is None:
+            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
+        if update.prototypes.dtype != PROTOTYPE_DTYPE:
+            raise RejectedUpdate(RejectReason.BAD_SHAPE, f"prototypes must be float32, got {update.prototypes.dtype}")
+        if self.prototypes is not None and update.prototypes.shape != self.prototypes.shape:
+            raise RejectedUpdate(RejectReason.BAD_SHAPE, f"prototypes are {list(update.prototypes.shape)}, "
+                                                         f"expected {list(self.prototypes.shape)}")
+
+    def aggregate(self, round_number: int, updates: Sequence[Update],
+                  population: Mapping[str, int] | None = None) -> list[Dropped]:
+        group, dropped = sorted(updates, key=lambda u: u.agent_id), []  # arrival order must not matter
+        if self.prototypes is None:
+            group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
+        fresh, fresh_counts = aggregate_prototypes(
+            self.aggregator, [u.prototypes for u in group], [u.prototype_counts for u in group])  # type: ignore[misc]
+        if self.normalize:
+            fresh = normalize_rows(fresh, fresh_counts)
+        self.prototypes, self.counts = self._mix(fresh, fresh_counts)
+        families = set(self.states) | {u.family for u in updates} | set(population or {})
+        self._publish_for(families, round_number + 1)
+        report_drift(round_number, updates)
+        return dropped
+
+    def _mix(self, fresh: np.ndarray, fresh_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Server momentum: ``m * old + (1 - m) * fresh`` where both exist; otherwise whichever does."""
+        if self.prototypes is None or self.counts is None:
+            return fresh, fresh_counts
+        old, old_counts = self.prototypes.astype(np.float64), self.counts
+        mixed = np.where((fresh_counts > 0)[:, None], fresh.astype(np.float64), old)
+        both = (fresh_counts > 0) & (old_counts > 0)
+        mixed[both] = self.momentum * old[both] + (1.0 - self.momentum) * fresh[both].astype(np.float64)
+        counts = np.where(fresh_counts > 0, fresh_counts, old_counts).astype(np.int64)
+        prototypes = mixed.astype(PROTOTYPE_DTYPE)
+        return (normalize_rows(prototypes, counts) if self.normalize else prototypes), counts
+
+    def _publish_for(self, families: set[str], round_number: int) -> None:
+        assert self.prototypes is not None and self.counts is not None
+        self.states = {f: FamilyState(round=round_number, weights={}, prototypes=self.prototypes,
+                                      prototype_counts=self.counts) for f in sorted(families)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "prototypes": self.prototypes, "prototype_counts": self.counts}
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        super().load_state_dict(data)
+        prototypes, counts = data.get("prototypes"), data.get("prototype_counts")
+        if prototypes is None or counts is None:
+            if self.states:
+                raise ValueError("fedproto checkpoint has family states but no global prototypes")
+            return
+        prototypes, counts = np.array(prototypes), np.array(counts)
+        if prototypes.ndim != 2 or prototypes.dtype != PROTOTYPE_DTYPE or counts.shape != prototypes.shape[:1]:
+            raise ValueError(f"fedproto checkpoint holds prototypes {prototypes.dtype}{list(prototypes.shape)} "
+                             f"with counts {list(counts.shape)}")
+        for family, state in self.states.items():
+            if state.prototypes is None or not np.array_equal(state.prototypes, prototypes):
+                raise ValueError(f"fedproto checkpoint: family {family} does not hold the global prototypes")
+        self.prototypes, self.counts = prototypes, counts.astype(np.int64)
+
+
+def report_drift(round_number: int, updates: Sequence[Update]) -> list[str]:
+    """Log the spread of the agents' reported ``proto_distance``; returns the agents flagged as drifting."""
+    distances = {u.agent_id: u.metrics.extra["proto_distance"] for u in updates if "proto_distance" in u.metrics.extra}
+    if len(distances) < 2:
+        return []
+    median = statistics.median(distances.values())
+    farthest = max(distances, key=lambda agent: distances[agent])
+    log.info("round %d: distance of agents' prototypes to the global ones: median %.3f, max %.3f (%s)",
+             round_number, median, distances[farthest], farthest)
+    drifting = sorted(a for a, d in distances.items() if median > 0 and d > DRIFT_FACTOR * median)
+    if drifting:
+        log.warning("round %d: prototypes of %s lie over %.0fx the median distance (%.3f) from the global ones",
+                    round_number, ", ".join(drifting), DRIFT_FACTOR, median)
+    return drifting

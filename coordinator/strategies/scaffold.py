@@ -1,0 +1,93 @@
+"""SCAFFOLD (Karimireddy et al., 2020), option II: the server side.
+
+Agents correct every local SGD step by ``c - c_i`` (server minus own control variate) and
+return their weight delta ``dy_i`` and the change of their variate ``dc_i``. For each family:
+
+    x <- x + lr_g * agg(dy_i)          sample-weighted, like FedAvg's delta
+    c <- c + (|S| / N) * agg(dc_i)     uniform weights
+
+``c`` is meant to stay the mean of all ``N`` agents' variates, of which only the ``|S|``
+that answered changed: hence ``|S|/N`` times their mean change, ``N`` being the agents of the
+family known to the coordinator (never fewer than answered). Control variates cover the
+parameters only, named like them; buffers have no gradient to correct.
+
+In a family's bootstrap round there is no global state: agents start from the seeded
+initialisation and send weights (plus ``dc_i``); the new ``x`` is their mean, and ``c``
+starts from zero. Every mean goes through the configured aggregator, so robust aggregators
+apply to both the deltas and the control deltas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from coordinator.aggregators import Aggregator
+from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, majority_layout
+from coordinator.strategies.fedavg import apply_delta
+from protocol.arrays import check_layout, layout_of
+from protocol.messages import Update
+
+
+def check_control_names(control: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], what: str) -> None:
+    """Raise unless every control array is a floating array named and shaped like a weight."""
+    for name, array in control.items():
+        if name not in weights:
+            raise RejectedUpdate(RejectReason.BAD_SHAPE, f"{what}: {name} is no parameter of the model")
+        if array.shape != weights[name].shape or array.dtype != weights[name].dtype or array.dtype.kind != "f":
+            raise RejectedUpdate(RejectReason.BAD_SHAPE,
+                                 f"{what}: {name} is {array.dtype.str}{list(array.shape)}, "
+                                 f"the parameter {weights[name].dtype.str}{list(weights[name].shape)}")
+
+
+class Scaffold(Strategy):
+    algorithm = "scaffold"
+
+    def __init__(self, aggregator: Aggregator, server_learning_rate: float = 1.0) -> None:
+        super().__init__(aggregator)
+        if server_learning_rate <= 0:
+            raise ValueError(f"scaffold's global learning rate must be positive, got {server_learning_rate}")
+        self.server_learning_rate = server_learning_rate
+
+    def check_update(self, update: Update) -> None:
+        super().check_update(update)
+        if not update.control_delta:
+            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a scaffold update must carry a control_delta")
+        state = self.states.get(update.family)
+        if state is None:
+            check_control_names(update.control_delta, update.weights, "control_delta")
+        else:
+            check_layout(update.control_delta, layout_of(state.control), "control_delta")
+
+    def aggregate(self, round_number: int, updates: Sequence[Update],
+                  population: Mapping[str, int] | None = None) -> list[Dropped]:
+        dropped: list[Dropped] = []
+        for family, group in group_by_family(updates).items():
+            state = self.states.get(family)
+            if state is None:
+                group, left_out = majority_layout(group, "weights")
+                dropped += left_out
+                group, left_out = majority_layout(group, "control_delta")
+                dropped += left_out
+                weights = self.aggregator([u.weights for u in group], [float(u.num_samples) for u in group])
+                control = {name: np.zeros_like(a) for name, a in group[0].control_delta.items()}
+            else:
+                mean_delta = self.aggregator([u.delta for u in group], [float(u.num_samples) for u in group])
+                weights = apply_delta(state.weights, mean_delta, self.server_learning_rate)
+                control = state.control
+            known = max((population or {}).get(family, 0), len(group))
+            mean_control_delta = self.aggregator([u.control_delta for u in group], [1.0] * len(group))
+            control = apply_delta(control, mean_control_delta, len(group) / known)
+            self.states[family] = FamilyState(round=round_number + 1, weights=weights, control=control)
+        return dropped
+
+    def load_state_dict(self, data: dict[str, Any]) -> None:
+        super().load_state_dict(data)
+        for family, state in self.states.items():
+            try:
+                check_control_names(state.control, state.weights, f"checkpointed control of {family}")
+            except RejectedUpdate as exc:
+                raise ValueError(exc.detail) from None

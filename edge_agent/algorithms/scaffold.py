@@ -1,0 +1,115 @@
+"""SCAFFOLD (Karimireddy et al., 2020), option II, on the agent.
+
+Every local step is a plain SGD step on the corrected gradient,
+
+    y <- y - lr * (g(y) + c - c_i),
+
+so the round must announce momentum 0 (the coordinator's settings enforce it; a round that
+asks otherwise is refused here too). After ``K`` steps the agent's variate becomes
+
+    c_i+ = c_i - c + (x - y) / (K * lr)
+
+and it sends ``y - x`` (its weights in a bootstrap round) with ``control_delta = c_i+ - c_i``.
+Variates cover the trainable parameters only, named like them.
+
+``c_i`` persists in the state directory under a name keyed by run and family, so a rebooted
+device continues with its variate and a new run starts from zero. The file also keeps the
+round it was computed for and the variate before that round: a device that dies after saving
+but before its update was recorded answers that round again from the same starting variate,
+instead of advancing it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from edge_agent.algorithms.base import ClientAlgorithm, parameter_names
+from edge_agent.data.datasets import Dataset
+from edge_agent.models import FedModel
+from edge_agent.training import TrainResult
+from edge_agent.weights import get_arrays, subtract
+from protocol.arrays import check_layout, layout_of
+from protocol.errors import ProtocolError, Reason
+from protocol.messages import GlobalState, LocalTraining
+
+log = logging.getLogger(__name__)
+
+FILE_PREFIX = "scaffold-"
+_BEFORE, _AFTER, _ROUND = "before/", "after/", "round"
+
+
+class ScaffoldClient(ClientAlgorithm):
+    name = "scaffold"
+    dp_compatible = True  # the correction is data-independent; the variates derive from the private weights
+
+    @property
+    def state_name(self) -> str:
+        return f"{FILE_PREFIX}{self.context.run_id}-{self.context.family}"
+
+    def check_plan(self, plan: LocalTraining) -> None:
+        if plan.momentum != 0.0:
+            raise ProtocolError(Reason.SCHEMA, f"scaffold corrects plain SGD steps: momentum must be 0, "
+                                               f"the round asks {plan.momentum}")
+
+    def begin(self, model: FedModel, global_state: GlobalState | None) -> None:
+        super().begin(model, global_state)
+        self.bootstrap = global_state is None
+        self.start = get_arrays(model)
+        params = {name: self.start[name] for name in parameter_names(model)}
+        self.server_control = self._server_control(global_state, params)
+        self.control = self.load_control(params)
+        self._correction = {name: torch.from_numpy(self.server_control[name] - self.control[name])
+                            .to(self.context.device) for name in params}
+
+    def after_backward(self, model: FedModel) -> None:
+        for name, p in model.named_parameters():
+            if p.grad is not None and name in self._correction:
+                p.grad.add_(self._correction[name])
+
+    def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:
+        trained = get_arrays(model)
+        updated = {}
+        for name, c_i in self.control.items():
+            if result.steps == 0:  # nothing trained: the variate stays
+                updated[name] = c_i.copy()
+                continue
+            drift = (self.start[name].astype(np.float64) - trained[name]) / (result.steps * plan.learning_rate)
+            updated[name] = (c_i.astype(np.float64) - self.server_control[name] + drift).astype(c_i.dtype)
+        self.save_control(self.control, updated)
+        fields: dict[str, Any] = {"weights": trained} if self.bootstrap else {"delta": subtract(trained, self.start)}
+        fields["control_delta"] = subtract(updated, self.control)
+        return fields
+
+    # -- the variates ---------------------------------------------------------------------
+    @staticmethod
+    def _server_control(global_state: GlobalState | None, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if global_state is None:
+            return {name: np.zeros_like(a) for name, a in params.items()}
+        check_layout(global_state.control, layout_of(params), "server control variate")
+        return dict(global_state.control)
+
+    def load_control(self, params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """This agent's ``c_i`` at the start of the round (zeros in a new run)."""
+        self.state.remove_matching(FILE_PREFIX, keep=self.state_name)  # variates of earlier runs
+        zeros = {name: np.zeros_like(a) for name, a in params.items()}
+        try:
+            stored = self.state.read_arrays(self.state_name)
+            if stored is None:
+                return zeros
+            prefix = _BEFORE if int(stored[_ROUND]) == self.context.round else _AFTER
+            control = {k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix)}
+            check_layout(control, layout_of(params), "stored control variate")
+            return control
+        except (ProtocolError, ValueError, KeyError) as exc:
+            # Zero is where every variate starts: SCAFFOLD recovers from it, a crash loop would not.
+            log.warning("control variate %s unusable (%s); starting again from zero", self.state_name, exc)
+            return zeros
+
+    def save_control(self, before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
+        arrays = {_ROUND: np.array(self.context.round, dtype=np.int64)}
+        arrays |= {_BEFORE + k: v for k, v in before.items()} | {_AFTER + k: v for k, v in after.items()}
+        self.state.write_arrays(self.state_name, arrays)

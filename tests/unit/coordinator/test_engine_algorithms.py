@@ -1,0 +1,72 @@
+"""SCAFFOLD and FedProto through the round engine: what is announced, counted and published."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.engine import RoundEngine
+from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.wire import decode_message, encode_message
+from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine, rejected, weights
+
+
+def hello(engine: RoundEngine, agent_id: str, family: str) -> None:
+    status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
+                         num_eval_samples=2, version="t", timestamp=0.0)
+    engine.on_message(TOPICS.agent_status(agent_id), encode_message(status))
+
+
+def current(engine: RoundEngine) -> RoundAnnouncement:
+    return decode_message(engine.outbox.last(TOPICS.rounds_current), RoundAnnouncement)  # type: ignore[attr-defined]
+
+
+def send(engine: RoundEngine, agent_id: str, family: str, **payload: object) -> None:
+    announcement = current(engine)
+    ref = announcement.states.get(family)
+    update = Update(run_id=engine.run_id, agent_id=agent_id, round=announcement.round, task="train", family=family,
+                    base_digest=ref.digest if ref else None, num_samples=10, metrics=TrainMetrics(),
+                    **payload)  # type: ignore[arg-type]
+    engine.on_message(TOPICS.update(agent_id, announcement.round), encode_message(update))
+
+
+def test_scaffold_scales_the_server_variate_by_the_agents_the_coordinator_knows(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, _ = make_engine(tmp_path, clock, algorithm="scaffold", fraction_fit=0.5, min_fit_agents=2)
+    for agent_id in "abcd":
+        hello(engine, agent_id, "f")
+    engine.tick()
+    announcement = current(engine)
+    assert announcement.training.momentum == 0.0 and len(announcement.selected) == 2
+    for agent_id in announcement.selected:
+        send(engine, agent_id, "f", weights=weights(1.0), control_delta={"w": np.full((2, 3), 4.0, np.float32)})
+    engine.tick()
+    engine.tick()
+    state = decode_message(outbox.last(TOPICS.global_state("f", 2)), GlobalState)
+    np.testing.assert_allclose(state.control["w"], 2 / 4 * 4.0)  # 2 answered of the 4 known
+    assert engine.history[-1].outcome == "completed"
+
+
+def test_fedproto_announces_its_parameters_and_publishes_prototypes_to_every_family(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock, algorithm="fedproto", proto_lambda=0.5,
+                                          proto_normalize=True, min_available_agents=3, min_fit_agents=3)
+    for agent_id, family in (("a", "cnn_large"), ("b", "mlp_tiny"), ("c", "cnn_small")):
+        hello(engine, agent_id, family)
+    engine.tick()
+    assert current(engine).params == {"lambda": 0.5, "normalize": True}
+    protos = np.eye(3, 4, dtype=np.float32)
+    send(engine, "a", "cnn_large", prototypes=protos, prototype_counts=np.array([2, 0, 1]))
+    send(engine, "b", "mlp_tiny", delta=weights(0.5))  # not what fedproto asks for
+    send(engine, "b", "mlp_tiny", prototypes=protos, prototype_counts=np.array([0, 3, 0]))
+    send(engine, "c", "cnn_small", prototypes=protos[:, :2].copy(), prototype_counts=np.array([1, 1, 1]))
+    assert rejected(metrics, "missing_payload") == 1 and rejected(metrics, "bad_shape") == 0
+    engine.tick()
+    assert rejected(metrics, "bad_shape") == 1  # c's [3, 2] lost the bootstrap vote to [3, 4]
+    engine.tick()
+    states = [decode_message(outbox.last(TOPICS.global_state(f, 2)), GlobalState)
+              for f in ("cnn_large", "cnn_small", "mlp_tiny")]
+    assert len({s.digest for s in states}) == 1 and not any(s.weights for s in states)
+    assert states[0].prototype_counts.tolist() == [2, 3, 1]  # type: ignore[union-attr]
+    assert sorted(current(engine).states) == ["cnn_large", "cnn_small", "mlp_tiny"]

@@ -1,0 +1,108 @@
+"""SCAFFOLD on the coordinator: the server variate's 1/N scaling, the global step, the checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from coordinator.aggregation import weighted_mean
+from coordinator.config import CoordinatorSettings
+from coordinator.rejects import RejectedUpdate
+from coordinator.strategies import FedProx, Scaffold, build_strategy
+from protocol.messages import TrainMetrics, Update
+
+
+def arrays(value: float) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 2), value, np.float32), "b": np.full(2, value, np.float32),
+            "count": np.array(3, np.int64)}
+
+
+def control(value: float) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 2), value, np.float32), "b": np.full(2, value, np.float32)}
+
+
+def scaffold_update(agent: str, samples: int, base: str | None, **payload: object) -> Update:
+    return Update(run_id="r", agent_id=agent, round=1, task="train", family="f", base_digest=base,
+                  num_samples=samples, metrics=TrainMetrics(), **payload)  # type: ignore[arg-type]
+
+
+def bootstrapped(population: int = 4) -> Scaffold:
+    strategy = Scaffold(weighted_mean, server_learning_rate=0.5)
+    strategy.aggregate(1, [scaffold_update("a", 10, None, weights=arrays(1.0), control_delta=control(2.0)),
+                           scaffold_update("b", 30, None, weights=arrays(3.0), control_delta=control(4.0))],
+                       population={"f": population})
+    return strategy
+
+
+def test_bootstrap_averages_weights_and_scales_the_control_by_answered_over_known() -> None:
+    state = bootstrapped(population=4).states["f"]
+    np.testing.assert_allclose(state.weights["w"], 2.5)  # sample-weighted, no global step at bootstrap
+    np.testing.assert_allclose(state.control["w"], 2 / 4 * 3.0)  # |S|/N * uniform mean of dc
+    assert sorted(state.control) == ["b", "w"] and state.weights["count"].shape == ()
+
+
+def test_a_round_takes_a_global_step_and_moves_the_variate_by_s_over_n() -> None:
+    strategy = bootstrapped(population=4)
+    before = strategy.states["f"]
+    digest = before.digest
+    updates = [scaffold_update("a", 10, digest, delta=arrays(1.0), control_delta=control(-1.0)),
+               scaffold_update("c", 10, digest, delta=arrays(3.0), control_delta=control(0.0)),
+               scaffold_update("d", 20, digest, delta=arrays(0.0), control_delta=control(0.5))]
+    for update in updates:
+        strategy.check_update(update)
+    strategy.aggregate(2, updates, population={"f": 4})
+    after = strategy.states["f"]
+    mean_delta = (10 * 1 + 10 * 3 + 0) / 40
+    np.testing.assert_allclose(after.weights["w"], before.weights["w"] + 0.5 * mean_delta, rtol=1e-6)
+    np.testing.assert_allclose(after.control["w"], before.control["w"] + 3 / 4 * (-0.5 / 3), rtol=1e-6)
+    assert after.round == 3
+
+
+def test_the_population_never_counts_fewer_agents_than_answered() -> None:
+    state = bootstrapped(population=1).states["f"]  # stale count: 2 answered
+    np.testing.assert_allclose(state.control["w"], 3.0)
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        ({"delta": arrays(1.0)}, "missing_payload"),
+        ({"delta": arrays(1.0), "control_delta": {"w": np.zeros((2, 2), np.float32)}}, "bad_shape"),
+        ({"delta": arrays(1.0), "control_delta": control(1.0) | {"count": np.array(1, np.int64)}}, "bad_shape"),
+    ],
+)
+def test_updates_must_carry_a_variate_shaped_like_the_server_one(payload: dict, reason: str) -> None:
+    strategy = bootstrapped()
+    with pytest.raises(Exception, match=reason):
+        strategy.check_update(scaffold_update("a", 10, strategy.states["f"].digest, **payload))
+
+
+def test_bootstrap_variates_must_name_parameters_of_the_sent_model() -> None:
+    strategy = Scaffold(weighted_mean)
+    with pytest.raises(RejectedUpdate, match="no parameter"):
+        strategy.check_update(scaffold_update("a", 1, None, weights=arrays(1.0),
+                                              control_delta={"x": np.zeros(2, np.float32)}))
+    with pytest.raises(RejectedUpdate, match="bad_shape"):
+        strategy.check_update(scaffold_update("a", 1, None, weights=arrays(1.0),
+                                              control_delta={"count": np.array(1, np.int64)}))
+
+
+def test_checkpointed_state_round_trips_and_a_bad_variate_is_refused() -> None:
+    strategy = bootstrapped()
+    restored = Scaffold(weighted_mean)
+    restored.load_state_dict(strategy.state_dict())
+    assert restored.states["f"].digest == strategy.states["f"].digest
+    data = strategy.state_dict()
+    data["families"]["f"]["control"]["w"] = np.zeros(7, np.float32)
+    with pytest.raises(ValueError, match="checkpointed control"):
+        Scaffold(weighted_mean).load_state_dict(data)
+
+
+def test_settings_pick_the_strategy_and_scaffold_refuses_momentum() -> None:
+    assert isinstance(build_strategy(CoordinatorSettings(algorithm="scaffold")), Scaffold)
+    assert CoordinatorSettings(algorithm="scaffold").momentum == 0.0
+    assert CoordinatorSettings(algorithm="fedavg").momentum == 0.9
+    prox = build_strategy(CoordinatorSettings(algorithm="fedprox", prox_mu=0.3))
+    assert isinstance(prox, FedProx) and prox.round_params(1) == {"mu": 0.3}
+    with pytest.raises(ValueError, match="must be 0 for scaffold"):
+        CoordinatorSettings(algorithm="scaffold", momentum=0.9)

@@ -1,0 +1,95 @@
+"""SCAFFOLD on the agent: the variate it keeps, where it keeps it, and what it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from edge_agent.algorithms import RoundContext
+from edge_agent.algorithms.base import parameter_names
+from edge_agent.algorithms.scaffold import ScaffoldClient
+from edge_agent.models import build_model
+from edge_agent.state import AgentStateDir
+from protocol.errors import ProtocolError
+from tests.unit.edge_agent.rounds import RUN, announce, digits_subset, global_state, global_weights, make_worker
+
+FAMILY = "cnn_small"
+
+
+def control_of(state_dir: Path, run_id: str = RUN) -> dict[str, np.ndarray]:
+    stored = AgentStateDir(state_dir).read_arrays(f"scaffold-{run_id}-{FAMILY}")
+    assert stored is not None
+    return {k.removeprefix("after/"): v for k, v in stored.items() if k.startswith("after/")}
+
+
+def test_an_update_carries_a_delta_and_a_control_delta_over_the_parameters_only(tmp_path: Path) -> None:
+    data = digits_subset()
+    weights = global_weights(FAMILY, data.train)
+    names = parameter_names(build_model(FAMILY, data.train.in_shape, 10, seed=0))
+    control = {n: np.full_like(weights[n], 0.01) for n in names}
+    state = global_state(FAMILY, 2, weights=weights, control=control)
+    update = make_worker(tmp_path, data).answer(announce("scaffold", 2, state, momentum=0.0), state)
+    assert update.delta.keys() == weights.keys()
+    assert sorted(update.control_delta) == sorted(names)
+    # c_i+ = c_i - c + (x - y) / (K lr), with c_i = 0 in the first round: so dc = -c - delta / (K lr).
+    steps, lr = update.metrics.steps, 0.05
+    for name in names:
+        expected = -control[name].astype(np.float64) - update.delta[name] / (steps * lr)
+        np.testing.assert_allclose(update.control_delta[name], expected, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(control_of(tmp_path)[names[0]], update.control_delta[names[0]], rtol=1e-6)
+
+
+def test_the_variate_survives_a_restart_and_a_new_run_starts_from_zero(tmp_path: Path) -> None:
+    data = digits_subset()
+    first = make_worker(tmp_path, data).answer(announce("scaffold", 1, momentum=0.0), None)
+    assert first.weights and first.control_delta  # bootstrap: weights, and the variate's change
+    saved = control_of(tmp_path)
+
+    # A "rebooted" agent (new worker, same directory) starts round 2 from the saved variate.
+    state = global_state(FAMILY, 2, weights=first.weights,
+                         control={n: np.zeros_like(a) for n, a in first.control_delta.items()})
+    make_worker(tmp_path, data).answer(announce("scaffold", 2, state, momentum=0.0), state)
+    stored = AgentStateDir(tmp_path).read_arrays(f"scaffold-{RUN}-{FAMILY}")
+    assert stored is not None and int(stored["round"]) == 2
+    for name, value in saved.items():
+        np.testing.assert_array_equal(stored[f"before/{name}"], value)
+
+    # Answering round 2 again (the device died before its update was recorded) starts from the
+    # same variate, not from the one it already advanced to.
+    again = make_worker(tmp_path, data).answer(announce("scaffold", 2, state, momentum=0.0), state)
+    stored_again = AgentStateDir(tmp_path).read_arrays(f"scaffold-{RUN}-{FAMILY}")
+    assert stored_again is not None
+    for name in saved:
+        np.testing.assert_array_equal(stored_again[f"before/{name}"], saved[name])
+        np.testing.assert_array_equal(stored_again[f"after/{name}"], stored[f"after/{name}"])
+    assert again.control_delta.keys() == saved.keys()
+
+    # Another run: the old variate is removed and the new one starts from zero.
+    make_worker(tmp_path, data).answer(announce("scaffold", 1, momentum=0.0, run_id="run-2"), None)
+    assert AgentStateDir(tmp_path).names("scaffold-") == [f"scaffold-run-2-{FAMILY}"]
+    fresh = AgentStateDir(tmp_path).read_arrays(f"scaffold-run-2-{FAMILY}")
+    assert fresh is not None and all(not fresh[f"before/{n}"].any() for n in saved)
+
+
+def test_a_round_asking_for_momentum_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ProtocolError, match="momentum must be 0"):
+        make_worker(tmp_path, digits_subset(per_class=2)).answer(announce("scaffold", 1, momentum=0.9), None)
+
+
+def test_a_server_variate_that_does_not_fit_the_model_is_refused(tmp_path: Path) -> None:
+    data = digits_subset(per_class=2)
+    weights = global_weights(FAMILY, data.train)
+    state = global_state(FAMILY, 2, weights=weights, control={"head.bias": np.zeros(3, np.float32)})
+    with pytest.raises(ProtocolError, match="server control variate"):
+        make_worker(tmp_path, data).answer(announce("scaffold", 2, state, momentum=0.0), state)
+
+
+def test_a_corrupt_variate_file_restarts_from_zero(tmp_path: Path) -> None:
+    state_dir = AgentStateDir(tmp_path)
+    (tmp_path / f"scaffold-{RUN}-{FAMILY}.msgpack").write_bytes(b"\xc1garbage")
+    client = ScaffoldClient({}, state_dir, RoundContext(RUN, 3, FAMILY, torch.device("cpu")))
+    params = {"w": np.ones(2, np.float32)}
+    assert not client.load_control(params)["w"].any()
