@@ -76,6 +76,7 @@ class RoundEngine:
         self._published_states: dict[str, tuple[int, str]] = {}
         self._last_wait_log = -1e9
         self._epsilon: dict[str, float] = {}
+        metrics.describe_run(strategy.algorithm, strategy.aggregator.describe())
 
     # -- start-up --------------------------------------------------------------------
     def restore(self) -> None:
@@ -84,7 +85,8 @@ class RoundEngine:
         if saved is None:
             self.run_id = secrets.token_hex(6)
             self._save_checkpoint()
-            log.info("new run %s: %s, %d rounds", self.run_id, self.strategy.algorithm, self.settings.rounds)
+            log.info("new run %s: %s with %s, %d rounds", self.run_id, self.strategy.algorithm,
+                     self.strategy.aggregator.describe(), self.settings.rounds)
             return
         if saved["algorithm"] != self.strategy.algorithm:
             raise ValueError(
@@ -209,8 +211,10 @@ class RoundEngine:
             try:
                 dropped = self.strategy.aggregate(open_round.number, list(open_round.updates.values()))
             except AggregationError as exc:
-                log.error("round %d failed to aggregate: %s", open_round.number, exc)
-                self._finish_round(open_round, "failed", exc.reason, now)
+                log.error("round %d failed to aggregate with %s: %s", open_round.number,
+                          self.strategy.aggregator.describe(), exc)
+                self.metrics.aggregation_failures.labels(exc.reason).inc()
+                self._finish_round(open_round, "failed", exc.reason, now, detail=exc.detail)
                 return
             self.metrics.aggregation_duration.observe(time.perf_counter() - started)
             for drop in dropped:
@@ -218,7 +222,8 @@ class RoundEngine:
                 self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
         self._finish_round(open_round, "completed", None, now)
 
-    def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float) -> None:
+    def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float,
+                      detail: str | None = None) -> None:
         missing = set(open_round.selected) - open_round.updates.keys()
         dropouts = {a for a in missing if not self.registry.is_online(a, now)}
         stragglers = missing - dropouts
@@ -235,6 +240,7 @@ class RoundEngine:
             families={f: FamilySummary(len([u for u in open_round.updates.values() if u.family == f]),
                                        m.accuracy, m.loss)
                       for f, m in metrics_by_family(open_round.updates.values()).items()},
+            detail=detail,
         )
         self.history.append(summary)
         self.next_round = open_round.number + 1

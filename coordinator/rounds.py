@@ -67,6 +67,8 @@ class RoundSummary:
     train_loss: float | None
     closed_at: float
     families: dict[str, FamilySummary] = field(default_factory=dict)
+    detail: str | None = None
+    """What exactly went wrong, for a round that did not complete (``reason`` is the bounded code)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from coordinator.aggregators import Aggregator
+from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
 from protocol.arrays import check_layout, layout_of
 from protocol.messages import Algorithm, GlobalState, Update
@@ -57,12 +57,20 @@ class Strategy(ABC):
 
     ``states`` holds one :class:`FamilyState` per model family. A family without one yet
     bootstraps: its agents start from the announced seeded initialisation and send weights.
+
+    Every combination of agents' payloads goes through ``self.aggregator``, so any strategy
+    runs with any configured rule (mean, median, trimmed mean, Krum, Multi-Krum):
+    ``self.aggregator(deltas, weights)`` for updates (clipped when clipping is configured),
+    ``self.aggregator.unclipped(values, weights)`` for absolute values such as bootstrap
+    weights or prototypes. A rule may raise ``AggregationError``; ``aggregate`` must then
+    leave ``states`` untouched (compute every family first, commit at the end), and the
+    engine fails the round with the error's reason.
     """
 
     algorithm: ClassVar[Algorithm]
 
-    def __init__(self, aggregator: Aggregator) -> None:
-        self.aggregator = aggregator
+    def __init__(self, aggregator: Aggregator | AggregateFn) -> None:
+        self.aggregator = Aggregator.of(aggregator)
         self.states: dict[str, FamilyState] = {}
 
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:
