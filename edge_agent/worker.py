@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 import zlib
+
 import torch
 
 from edge_agent.algorithms import build_client_algorithm
+from edge_agent.attacks import Attack, AttackContext, forge_payload
 from edge_agent.data.local import LocalData
 from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from edge_agent.training import evaluate, train_local
-from edge_agent.weights import set_arrays
+from edge_agent.weights import get_arrays, set_arrays
 from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
 
 
 class LocalWorker:
     def __init__(self, agent_id: str, family: str, data: LocalData, device: torch.device, batch_size: int,
-                 state: AgentStateDir) -> None:
+                 state: AgentStateDir, attack: Attack | None = None) -> None:
         self.agent_id = agent_id
         self.family = family
         self.data = data
         self.device = device
         self.batch_size = batch_size
         self.state = state
+        self.attack = attack
+        """Tests and benchmarks only: the Byzantine behaviour this agent adopts, if any."""
 
     def answer(self, announcement: RoundAnnouncement, global_state: GlobalState | None) -> Update:
         """The update for ``announcement``; ``global_state`` is None when the family bootstraps."""
@@ -42,14 +46,22 @@ class LocalWorker:
 
         algorithm = build_client_algorithm(announcement.algorithm, announcement.params, self.state)
         algorithm.begin(model, global_state, self.device)
+        init = get_arrays(model) if self.attack is not None and global_state is None else None
+        if self.attack is not None:
+            train = self.attack.poison(train)
         batch_size = announcement.training.batch_size or self.batch_size
         seed = zlib.crc32(f"{self.agent_id}:{announcement.run_id}:{announcement.round}".encode())
         result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
         after = evaluate(model, held_out, self.device)
+        payload = algorithm.payload(model, result.steps, announcement.training.learning_rate)
+        extra = {"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss}
+        if self.attack is not None:
+            context = AttackContext(self.agent_id, announcement.run_id, announcement.round, self.family)
+            payload = forge_payload(self.attack, payload, init, context)
+            extra.update(self.attack.report())
         metrics = TrainMetrics(
             eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
             train_loss=result.loss, train_accuracy=result.accuracy, duration_s=result.duration_s, steps=result.steps,
-            extra={"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss},
+            extra=extra,
         )
-        payload = algorithm.payload(model, result.steps, announcement.training.learning_rate)
         return Update(**common, metrics=metrics, **payload)

@@ -18,6 +18,7 @@ from coordinator.rounds import RoundSummary
 from coordinator.service import CoordinatorService
 from coordinator.strategies.base import Strategy
 from edge_agent.agent import EdgeAgent
+from edge_agent.attacks import Collusion
 from edge_agent.bootstrap import build_agent
 from edge_agent.config import AgentSettings
 
@@ -33,11 +34,15 @@ class FederationResult:
 
 
 def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings],
-                   timeout_s: float = 600.0) -> FederationResult:
-    """Run until the coordinator finishes; raises TimeoutError after ``timeout_s``."""
+                   timeout_s: float = 600.0, collusion: Collusion | None = None) -> FederationResult:
+    """Run until the coordinator finishes; raises TimeoutError after ``timeout_s``.
+
+    ``collusion`` is shared by the agents configured with ``attack="alie"`` (benches only).
+    """
     coordinator = coordinator.model_copy(update={"exit_when_finished": True, "http_port": 0})
     service = CoordinatorService(coordinator, registry=CollectorRegistry())
-    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False) for a in agents]
+    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False, collusion=collusion)
+             for a in agents]
     stop = threading.Event()
     started = time.perf_counter()
     coordinator_thread = threading.Thread(target=service.run, args=(stop,), name="coordinator", daemon=True)
