@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import zlib
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from edge_agent.algorithms import build_client_algorithm
@@ -13,7 +16,19 @@ from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from edge_agent.training import evaluate, train_local
 from edge_agent.weights import get_arrays, set_arrays
+from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
+
+
+def check_finite(what: str, losses: list[float], payload: Mapping[str, object] | None = None) -> None:
+    """Raise NON_FINITE if training diverged: a global state that does this is unusable, and an
+    update carrying NaN would be rejected anyway. The agent skips the round; it does not die."""
+    if not all(math.isfinite(x) for x in losses):
+        raise ProtocolError(Reason.NON_FINITE, f"{what}: non-finite loss; skipping the round")
+    for part in (payload or {}).values():
+        for array in part.values() if isinstance(part, Mapping) else [part]:
+            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise ProtocolError(Reason.NON_FINITE, f"{what}: diverged to non-finite weights; skipping the round")
 
 
 class LocalWorker:
@@ -40,6 +55,7 @@ class LocalWorker:
             family=self.family, base_digest=global_state.digest if global_state is not None else None,
             num_samples=len(train),
         )
+        check_finite("the global model", [before.loss])
         if announcement.task == "evaluate":
             metrics = TrainMetrics(eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples)
             return Update(**common, metrics=metrics)
@@ -54,6 +70,7 @@ class LocalWorker:
         result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
         after = evaluate(model, held_out, self.device)
         payload = algorithm.payload(model, result.steps, announcement.training.learning_rate)
+        check_finite("local training", [result.loss, after.loss], payload)
         extra = {"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss}
         if self.attack is not None:
             context = AttackContext(self.agent_id, announcement.run_id, announcement.round, self.family)

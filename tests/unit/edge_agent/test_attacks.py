@@ -28,7 +28,8 @@ from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from edge_agent.weights import get_arrays
 from edge_agent.worker import LocalWorker
-from protocol.messages import LocalTraining, RoundAnnouncement
+from protocol.errors import ProtocolError, Reason
+from protocol.messages import GlobalState, LocalTraining, RoundAnnouncement, StateRef
 from protocol.settings import ConfigError, load_settings
 
 CONTEXT = AttackContext("evil-1", "run", 3, "mlp_tiny")
@@ -147,3 +148,19 @@ def test_an_attacking_worker_sends_the_forged_update_and_admits_it(tmp_path: Pat
     for name in honest.weights:
         np.testing.assert_allclose(evil.weights[name] - start[name], -3.0 * (honest.weights[name] - start[name]),
                                    rtol=1e-4, atol=1e-6)
+
+
+def test_a_global_model_that_makes_training_diverge_skips_the_round_instead_of_crashing(tmp_path: Path) -> None:
+    data = build_local_data("digits", partition="iid", num_partitions=8, partition_index=1)
+    model = build_model("mlp_tiny", data.train.in_shape, 10, seed=0)
+    huge = {k: (v * np.float32(1e30)).astype(v.dtype) for k, v in get_arrays(model).items()}  # finite, but overflows
+    state = GlobalState(run_id="run", family="mlp_tiny", round=2, digest=GlobalState.compute_digest(huge, {}, None, None),
+                        weights=huge)
+    announcement = RoundAnnouncement(
+        run_id="run", round=2, task="train", algorithm="fedavg", selected=["a"], training=LocalTraining(
+            epochs=1, learning_rate=0.05), states={"mlp_tiny": StateRef(family="mlp_tiny", round=2, digest=state.digest)},
+        init_seed=0, issued_at=0.0, deadline_s=10.0, last_round=3)
+    worker = LocalWorker("a", "mlp_tiny", data, torch.device("cpu"), 16, AgentStateDir(tmp_path))
+    with pytest.raises(ProtocolError) as info:
+        worker.answer(announcement, state)
+    assert info.value.reason is Reason.NON_FINITE  # the agent loop logs it and waits for the next round
