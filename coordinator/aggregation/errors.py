@@ -16,6 +16,8 @@ class FailureReason(str, Enum):
     """An array whose values no rule here can combine (complex)."""
     TOO_FEW_UPDATES = "too_few_updates"
     """Fewer updates than the rule needs to tolerate the configured number of Byzantine agents."""
+    NON_FINITE_RESULT = "non_finite_result"
+    """The next global state overflowed to inf (e.g. finite but huge deltas added to the weights)."""
     INVALID_PARAMETER = "invalid_parameter"
     """A rule's parameter is out of its range (f < 0, beta outside [0, 1/2), m < 1, clip norm <= 0)."""
 

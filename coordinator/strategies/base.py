@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from coordinator.aggregation import AggregationError, FailureReason
 from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
 from protocol.arrays import check_layout, layout_of
@@ -27,6 +28,13 @@ class FamilyState:
     digest: str = ""
 
     def __post_init__(self) -> None:
+        # Every input was finite, but sums of them need not be (float32 overflows past 3.4e38):
+        # a state that could not be published must fail its round, not the coordinator.
+        parts = {**{f"weights.{k}": v for k, v in self.weights.items()},
+                 **{f"control.{k}": v for k, v in self.control.items()}, "prototypes": self.prototypes}
+        for name, array in parts.items():
+            if array is not None and array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise AggregationError(FailureReason.NON_FINITE_RESULT, f"round {self.round} state: {name} is not finite")
         self.digest = GlobalState.compute_digest(self.weights, self.control, self.prototypes, self.prototype_counts)
 
     def message(self, run_id: str, family: str) -> GlobalState:

@@ -250,3 +250,25 @@ def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run
     assert [s.reason for s in engine.history] == ["too_few_updates", None]
     again, _, _ = make_engine(tmp_path, clock, aggregator="krum", byzantine_f=1)  # the summary survives a restart
     assert again.history[0].detail == failed.detail
+
+
+def test_a_state_that_overflows_fails_the_round_and_the_coordinator_carries_on(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick()
+    engine.tick()
+    huge = {"w": np.full((2, 3), 3e38, dtype=np.float32), "b": np.full(3, 3e38, dtype=np.float32)}  # finite
+    for round_number in (2, 3):  # 1 + 3e38 is finite; 3e38 + 3e38 is not, in float32
+        send(engine, update(engine, "a", round_number, delta=huge)), send(engine, update(engine, "b", round_number,
+                                                                                         delta=huge))
+        engine.tick()
+        engine.tick()
+    assert [(s.outcome, s.reason) for s in engine.history] == [
+        ("completed", None), ("completed", None), ("failed", "non_finite_result")]
+    assert metrics.registry.get_sample_value("fl_aggregation_failures_total", {"reason": "non_finite_result"}) == 1
+    assert np.isfinite(engine.strategy.states["f"].weights["w"]).all() and engine.strategy.states["f"].round == 3
+    assert engine.open is not None and engine.open.number == 4  # the next round opened from the last good state
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).states["f"].round == 3
