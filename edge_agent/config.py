@@ -38,8 +38,8 @@ class AgentSettings(BaseSettings):
     attack: Literal["none", "sign_flip", "scaling", "gaussian_noise", "label_flip", "alie"] = Field(
         default="none", description="TESTS/BENCHMARKS ONLY: send malicious updates")
     attack_scale: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
-        "sign_flip: send -s x delta (default 1); scaling: poisoned delta x s (default 10); "
-        "gaussian_noise: sigma = s x RMS of the delta (default 10)"))
+        "sign_flip: send -s x delta (default 4); scaling: poisoned delta x s (default 10); "
+        "gaussian_noise: sigma = s x RMS of the delta (default 100)"))
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
         "alie: send mean - z x std of the colluders' benign updates (default 1)"))
 

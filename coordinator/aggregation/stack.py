@@ -90,6 +90,15 @@ class UpdateStack:
                 self.scales = np.minimum(1.0, clip_norm / self.norms)
 
     @property
+    def scales(self) -> np.ndarray:
+        """Factor each row is multiplied by as it is read (1.0 unless clipped)."""
+        return np.array(self._scale_list)
+
+    @scales.setter
+    def scales(self, values: np.ndarray) -> None:
+        self._scale_list = [float(v) for v in values]  # Python floats: compared per row and block
+
+    @property
     def n(self) -> int:
         return len(self.rows)
 
@@ -125,27 +134,35 @@ class UpdateStack:
         """The block as a contiguous (rows, width) float64 view into ``buffer`` (flat, large enough)."""
         rows = range(self.n) if rows is None else rows
         out = buffer[: len(rows) * block.width].reshape(len(rows), block.width)
+        scales = self._scale_list  # multiplied with dtype=float64: a Python float would compute in float32
+        if len(block.parts) == 1:  # the common case, kept lean: this loop runs n times per block
+            index, start, stop, _ = block.parts[0]
+            for r, i in enumerate(rows):
+                if scales[i] == 1.0:
+                    out[r] = self._flat[i][index][start:stop]
+                else:
+                    np.multiply(self._flat[i][index][start:stop], scales[i], out=out[r], dtype=np.float64)
+            return out
         for r, i in enumerate(rows):
-            flat, scale = self._flat[i], self.scales[i]
             for index, start, stop, column in block.parts:
                 target = out[r, column:column + stop - start]
-                if scale == 1.0:
-                    target[...] = flat[index][start:stop]
+                if scales[i] == 1.0:
+                    target[...] = self._flat[i][index][start:stop]
                 else:
-                    np.multiply(flat[index][start:stop], scale, out=target)
+                    np.multiply(self._flat[i][index][start:stop], scales[i], out=target, dtype=np.float64)
         return out
 
     def read_columns(self, block: Block, buffer: np.ndarray) -> np.ndarray:
         """The block transposed, as a contiguous (width, n) float64 view: one row per coordinate."""
         out = buffer[: block.width * self.n].reshape(block.width, self.n)
+        scales = self._scale_list
         for i in range(self.n):
-            flat, scale = self._flat[i], self.scales[i]
             for index, start, stop, column in block.parts:
                 target = out[column:column + stop - start, i]
-                if scale == 1.0:
-                    target[...] = flat[index][start:stop]
+                if scales[i] == 1.0:
+                    target[...] = self._flat[i][index][start:stop]
                 else:
-                    np.multiply(flat[index][start:stop], scale, out=target)
+                    np.multiply(self._flat[i][index][start:stop], scales[i], out=target, dtype=np.float64)
         return out
 
     def row_norms(self) -> np.ndarray:
@@ -177,7 +194,9 @@ class UpdateStack:
         row, scale = self.rows[i], self.scales[i]
         if scale == 1.0:
             return {name: np.array(row[name], copy=True) for name in self.float_names}
-        return {name: (row[name] * scale).astype(row[name].dtype, copy=False) for name in self.float_names}
+        # float64 product, rounded once (a Python float times float32 would compute in float32)
+        return {name: np.multiply(row[name], scale, dtype=np.float64).astype(row[name].dtype, copy=False)
+                for name in self.float_names}
 
     def others_from(self, i: int) -> dict[str, np.ndarray]:
         """Copies of row ``i``'s integer and boolean arrays (never averaged: counts stay counts)."""

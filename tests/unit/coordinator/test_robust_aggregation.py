@@ -44,7 +44,9 @@ def cases(draw: st.DrawFn, min_active: int = 1) -> Case:
     shapes = {name: draw(hnp.array_shapes(min_dims=0, max_dims=2, max_side=4)) for name in names}
     dtype = draw(st.sampled_from([np.float64, np.float32]))
     ties = draw(st.booleans())
-    elements = st.sampled_from(TIES) if ties else st.floats(-1e3, 1e3, allow_nan=False, width=32)
+    # Magnitudes of real models: zero, or about 1e-6 to 1e3 (float32 subnormals are no test of the rules).
+    generic = st.just(0.0) | st.floats(2.0**-20, 1e3, width=32) | st.floats(-1e3, -(2.0**-20), width=32)
+    elements = st.sampled_from(TIES) if ties else generic
     updates = [{name: draw(hnp.arrays(dtype, shape, elements=elements)) for name, shape in shapes.items()}
                for _ in range(n)]
     if draw(st.booleans()):  # an integer buffer, never averaged
@@ -184,22 +186,22 @@ RULES = {
     "mean": lambda u, w, **kw: weighted_mean(u, w, **kw),
     "median": lambda u, w, **kw: coordinate_median(u, w, **kw),
     "trimmed_mean": lambda u, w, **kw: trimmed_mean(u, w, beta=0.2, **kw),
-    "krum": lambda u, w, **kw: krum(u, w, f=0, **kw),
-    "multi_krum": lambda u, w, **kw: multi_krum(u, w, f=0, m=2, **kw),
 }
+
+
+def clip_bound(case: Case, fraction: float) -> float:
+    """A bound that clips some updates, usually not all."""
+    norms = sorted(math.sqrt(math.fsum(v * v for v in bf.vector(u))) for u in case.active)
+    assume(norms[-1] > 0)
+    return fraction * norms[len(norms) // 2] or norms[-1] / 2
 
 
 @FAST
 @given(cases(min_active=3), st.sampled_from(sorted(RULES)), st.floats(0.05, 2.0))
 def test_clipping_scales_each_update_to_the_norm_bound_first(case: Case, rule: str, fraction: float) -> None:
-    assume(not case.ties)  # generic values: no near-ties in Krum's choice after rounding
-    active = case.active
-    norms = sorted(math.sqrt(math.fsum(v * v for v in bf.vector(u))) for u in active)
-    assume(norms[-1] > 0)
-    bound = fraction * norms[len(norms) // 2] or norms[-1] / 2  # some updates clipped, usually not all
-    clipped = bf.clip(active, bound)
+    bound = clip_bound(case, fraction)
     merged = RULES[rule](case.updates, case.weights, clip_norm=bound)
-    reference = RULES[rule](clipped, [w for w in case.weights if w > 0])
+    reference = RULES[rule](bf.clip(case.active, bound), [w for w in case.weights if w > 0])
     for name in case.floats:
         assert merged[name].dtype == case.updates[0][name].dtype
         tolerance = 1e-12 if merged[name].dtype == np.float64 else 2e-6
@@ -207,6 +209,37 @@ def test_clipping_scales_each_update_to_the_norm_bound_first(case: Case, rule: s
                                    atol=tolerance * bound)
     for name in set(merged) - set(case.floats):
         np.testing.assert_array_equal(merged[name], reference[name])
+
+
+@FAST
+@given(cases(min_active=3), st.floats(0.05, 2.0), st.data())
+def test_krum_with_clipping_scores_and_chooses_among_the_clipped_updates(case: Case, fraction: float,
+                                                                         data: st.DataObject) -> None:
+    # Clipping maps updates onto one sphere, which makes exact and near ties common: check
+    # that each choice is a valid one (within rounding), not which of equals was taken.
+    bound = clip_bound(case, fraction)
+    f = krum_f(data.draw, case)
+    clipped = bf.clip(case.active, bound)
+    expected = bf.krum_scores(clipped, f)
+    tolerance = 1e-9 * (1.0 + bound ** 2) * len(clipped)
+    scores = krum_scores(case.updates, case.weights, f=f, clip_norm=bound)
+    np.testing.assert_allclose(scores[np.isfinite(scores)], expected, rtol=0, atol=tolerance)
+
+    chosen = int(np.argmin(scores[np.isfinite(scores)]))
+    assert expected[chosen] <= min(expected) + tolerance
+    merged = krum(case.updates, case.weights, f=f, clip_norm=bound)
+    for name in case.floats:
+        np.testing.assert_allclose(merged[name], clipped[chosen][name].astype(merged[name].dtype), rtol=2e-6,
+                                   atol=2e-6 * bound)
+
+    m = data.draw(st.integers(1, len(clipped) - f))
+    best = list(np.argsort(scores[np.isfinite(scores)], kind="stable")[:m])
+    others = [i for i in range(len(clipped)) if i not in best]
+    assert all(expected[i] <= expected[j] + tolerance for i in best for j in others)
+    merged = multi_krum(case.updates, case.weights, f=f, m=m, clip_norm=bound)
+    for name in case.floats:
+        mean = bf.plain_mean([clipped[i] for i in best], name)
+        np.testing.assert_allclose(merged[name], mean.astype(merged[name].dtype), rtol=2e-6, atol=2e-6 * bound)
 
 
 def test_clipping_never_scales_up_and_bounds_the_mean() -> None:

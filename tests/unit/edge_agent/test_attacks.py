@@ -113,7 +113,7 @@ def test_bootstrap_weights_are_attacked_as_a_delta_from_the_initialisation() -> 
 
 def test_settings_and_build() -> None:
     assert build_attack("none") is None
-    assert isinstance(build_attack("sign_flip"), SignFlip) and build_attack("sign_flip").scale == 1.0  # type: ignore[union-attr]
+    assert isinstance(build_attack("sign_flip"), SignFlip) and build_attack("sign_flip").scale == 4.0  # type: ignore[union-attr]
     assert build_attack("scaling").scale == 10.0  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="needs colluders"):
         build_attack("alie")
