@@ -211,7 +211,8 @@ class UpdateStack:
         out = {}
         for name in self.other_names:
             stacked = np.stack([np.asarray(row[name]) for row in self.rows])
-            out[name] = np.partition(stacked, (self.n - 1) // 2, axis=0)[(self.n - 1) // 2].copy()
+            middle = np.partition(stacked, (self.n - 1) // 2, axis=0)[(self.n - 1) // 2]
+            out[name] = np.array(middle, dtype=stacked.dtype)  # an array even for shape (): never a numpy scalar
         return out
 
     def in_order(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

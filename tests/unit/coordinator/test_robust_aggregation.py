@@ -50,8 +50,9 @@ def cases(draw: st.DrawFn, min_active: int = 1) -> Case:
     updates = [{name: draw(hnp.arrays(dtype, shape, elements=elements)) for name, shape in shapes.items()}
                for _ in range(n)]
     if draw(st.booleans()):  # an integer buffer, never averaged
+        shape = draw(st.sampled_from([(), (2,)]))
         for update in updates:
-            update["count"] = draw(hnp.arrays(np.int64, (2,), elements=st.integers(0, 5)))
+            update["count"] = draw(hnp.arrays(np.int64, shape, elements=st.integers(0, 5)))
     if n > 1 and draw(st.booleans()):  # an exact duplicate
         source, target = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
         updates[target] = {k: v.copy() for k, v in updates[source].items()}
@@ -76,6 +77,15 @@ def scale_of(case: Case) -> float:
     return max([1.0] + [float(np.abs(u[name]).max()) for u in case.active for name in case.floats])
 
 
+def assert_layout(merged: dict[str, np.ndarray], case: Case) -> None:
+    """Same names in the same order, each an ndarray of its input's shape and dtype."""
+    assert list(merged) == list(case.updates[0])
+    for name, array in merged.items():
+        reference = case.updates[0][name]
+        assert isinstance(array, np.ndarray), (name, type(array))
+        assert (array.shape, array.dtype) == (reference.shape, reference.dtype), name
+
+
 def find_row(merged: dict[str, np.ndarray], rows: list[dict[str, np.ndarray]], names: list[str]) -> list[int]:
     return [i for i, row in enumerate(rows) if all(np.array_equal(merged[k], row[k]) for k in names)]
 
@@ -87,7 +97,7 @@ def find_row(merged: dict[str, np.ndarray], rows: list[dict[str, np.ndarray]], n
 @given(cases())
 def test_median_is_the_middle_value_or_the_mean_of_the_middle_two(case: Case) -> None:
     merged = coordinate_median(case.updates, case.weights)
-    assert list(merged) == list(case.updates[0])
+    assert_layout(merged, case)
     for name in case.floats:
         expected = bf.per_coordinate(case.active, name, bf.median).astype(case.updates[0][name].dtype)
         assert merged[name].dtype == expected.dtype
@@ -101,7 +111,7 @@ def test_median_is_the_middle_value_or_the_mean_of_the_middle_two(case: Case) ->
 def test_trimmed_mean_drops_floor_beta_n_at_each_end(case: Case, beta: float) -> None:
     k = math.floor(beta * len(case.active))
     merged = trimmed_mean(case.updates, case.weights, beta=beta)
-    assert list(merged) == list(case.updates[0])
+    assert_layout(merged, case)
     for name in case.floats:
         assert merged[name].dtype == case.updates[0][name].dtype
         assert_close(merged[name], bf.per_coordinate(case.active, name, bf.trimmed(k)), scale_of(case))
@@ -134,7 +144,7 @@ def test_krum_scores_and_choice_match_the_definition(case: Case, data: st.DataOb
     np.testing.assert_allclose(scores[np.isfinite(scores)], expected, rtol=0, atol=tolerance)
 
     merged = krum(case.updates, case.weights, f=f)
-    assert list(merged) == list(case.updates[0])
+    assert_layout(merged, case)
     candidates = find_row(merged, active, case.floats)
     assert candidates, "Krum must return one of the updates"
     assert min(expected[i] for i in candidates) <= min(expected) + tolerance
@@ -164,7 +174,7 @@ def test_multi_krum_is_the_plain_mean_of_the_m_best_scored(case: Case, data: st.
     assert all(expected_scores[i] <= expected_scores[j] + tolerance for i in chosen for j in left_out)
 
     merged = multi_krum(case.updates, case.weights, f=f, m=m)
-    assert list(merged) == list(case.updates[0])
+    assert_layout(merged, case)
     for name in case.floats:
         assert_close(merged[name], bf.plain_mean([active[i] for i in chosen], name), scale_of(case))
     if "count" in merged:
