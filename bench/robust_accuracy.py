@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import torch
 from coordinator.config import CoordinatorSettings
 from edge_agent.attacks import DEFAULT_SCALE, DEFAULT_Z, InProcessCollusion
 from edge_agent.config import AgentSettings
-from edge_agent.data.datasets import load_dataset
+from edge_agent.data.datasets import Dataset, load_dataset
 from edge_agent.models import build_model
 from edge_agent.training import evaluate
 from edge_agent.weights import set_arrays
@@ -47,7 +48,9 @@ class Plan:
     learning_rate: float = 0.05
     momentum: float = 0.9
     device: str = "phone"
-    deadline_s: float = 10.0
+    deadline_s: float = 5.0
+    """Rounds take well under a second here; a round nobody can answer (every agent's training
+    diverged from a ruined model) waits this long before it is closed as quorum_missed."""
     clean_repeats: int = 1
     """Clean runs per aggregator: their spread shows the run-to-run noise (each run draws a new
     run id, which seeds the agents' shuffling); the verdicts compare against their mean."""
@@ -76,8 +79,25 @@ class Cell:
     rounds_completed: int
     rounds_failed: int
     admitted: int
-    """Agents whose updates said they attacked (the harness reports it in metrics.extra)."""
+    """Agents running an attack (each says so at start and in every update's metrics.extra)."""
+    skipped: int
+    """Rounds agents skipped because training from the global model diverged (logged errors)."""
     seconds: float
+
+
+class SkipCounter(logging.Handler):
+    """Counts the agents' "cannot answer round" errors instead of printing them (they would bury
+    the table); any other error record is printed as usual."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "edge_agent.agent" and record.getMessage().startswith("cannot answer round"):
+            self.count += 1
+        else:
+            print(f"{record.levelname} {record.name}: {record.getMessage()}", file=sys.stderr)
 
 
 def describe_attacks(plan: Plan) -> list[str]:
@@ -93,7 +113,7 @@ def describe_attacks(plan: Plan) -> list[str]:
 
 
 def run_cell(plan: Plan, broker_url: str, workdir: Path, attack: str, attackers: int, aggregator: str,
-             test_set: object) -> Cell:
+             test_set: Dataset) -> Cell:
     federation = f"robust-{time.monotonic_ns()}"
     coordinator = CoordinatorSettings(
         federation=federation, broker_url=broker_url, state_dir=workdir / federation, rounds=plan.rounds,
@@ -106,20 +126,25 @@ def run_cell(plan: Plan, broker_url: str, workdir: Path, attack: str, attackers:
         state_dir=workdir / federation / f"agent-{i:02d}", partition="iid", num_partitions=plan.agents,
         partition_index=i, attack=attack if i < attackers else "none", heartbeat_s=5.0, log_level="WARNING",
     ) for i in range(plan.agents)]
+    errors = SkipCounter()
+    logging.getLogger().addHandler(errors)
     started = time.perf_counter()
-    result = run_federation(coordinator, agents, timeout_s=max(300.0, plan.rounds * plan.deadline_s * 2),
-                            collusion=InProcessCollusion(max(attackers, 1), timeout_s=plan.deadline_s))
+    try:
+        result = run_federation(coordinator, agents, timeout_s=max(300.0, plan.rounds * plan.deadline_s * 2),
+                                collusion=InProcessCollusion(max(attackers, 1), timeout_s=plan.deadline_s))
+    finally:
+        logging.getLogger().removeHandler(errors)
     states = result.strategy.states
     accuracy = None
     if states:
         (family, state), = states.items()
-        model = build_model(family, test_set.in_shape, test_set.num_classes, seed=0)  # type: ignore[attr-defined]
+        model = build_model(family, test_set.in_shape, test_set.num_classes, seed=0)
         set_arrays(model, state.weights)
-        accuracy = evaluate(model, test_set, torch.device("cpu")).accuracy  # type: ignore[arg-type]
+        accuracy = evaluate(model, test_set, torch.device("cpu")).accuracy
     admitted = sum(1 for agent in result.agents if agent.worker.attack is not None)
     return Cell(attack, attackers, aggregator, accuracy,
                 sum(1 for s in result.history if s.outcome == "completed"),
-                sum(1 for s in result.history if s.outcome != "completed"), admitted,
+                sum(1 for s in result.history if s.outcome != "completed"), admitted, errors.count,
                 time.perf_counter() - started)
 
 
@@ -135,7 +160,9 @@ def run_accuracy(plan: Plan, progress: bool = True) -> list[Cell]:
             if progress:
                 acc = "-" if cell.accuracy is None else f"{100 * cell.accuracy:.1f}%"
                 print(f"  {attack:<15} {attackers:>2}/{plan.agents} {aggregator:<13} {acc:>6}  "
-                      f"{cell.rounds_completed} rounds ok, {cell.rounds_failed} not, {cell.seconds:.1f}s", flush=True)
+                      f"{cell.rounds_completed} rounds ok, {cell.rounds_failed} not, {cell.seconds:.1f}s"
+                      + (f", {cell.skipped} agent-rounds skipped (training diverged)" if cell.skipped else ""),
+                      flush=True)
     return cells
 
 

@@ -85,7 +85,7 @@ class UpdateStack:
         self.scales = np.ones(self.n)
         self.norms: np.ndarray | None = None
         if clip_norm is not None:
-            self.norms = self.row_norms()
+            self.norms = self._row_norms()  # read while every scale is still 1.0
             with np.errstate(divide="ignore"):
                 self.scales = np.minimum(1.0, clip_norm / self.norms)
 
@@ -101,11 +101,6 @@ class UpdateStack:
     @property
     def n(self) -> int:
         return len(self.rows)
-
-    @property
-    def width(self) -> int:
-        """Number of floating values per row (d)."""
-        return sum(self._sizes)
 
     def block_width(self, rows: int | None = None, budget: int | None = None) -> int:
         """Columns per block so that ``rows`` float64 rows fit ``budget`` bytes (default: the stack's)."""
@@ -165,17 +160,13 @@ class UpdateStack:
                     np.multiply(self._flat[i][index][start:stop], scales[i], out=target, dtype=np.float64)
         return out
 
-    def row_norms(self) -> np.ndarray:
+    def _row_norms(self) -> np.ndarray:
         """L2 norm of each row over its floating values, accumulated in float64."""
         squares = np.zeros(self.n)
-        saved, self.scales = self.scales, np.ones(self.n)
-        try:
-            buffer = np.empty(self.block_width() * self.n)
-            for block in self.blocks():
-                rows = self.read_rows(block, buffer)
-                squares += np.einsum("ij,ij->i", rows, rows)
-        finally:
-            self.scales = saved
+        buffer = np.empty(self.block_width() * self.n)
+        for block in self.blocks():
+            rows = self.read_rows(block, buffer)
+            squares += np.einsum("ij,ij->i", rows, rows)
         return np.sqrt(squares)
 
     def new_outputs(self) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
