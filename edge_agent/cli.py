@@ -25,7 +25,11 @@ def run(settings: AgentSettings) -> int:
     # Imported here so that --help and configuration errors answer without loading torch.
     from edge_agent.bootstrap import build_agent
 
-    agent = build_agent(settings)
+    try:
+        agent = build_agent(settings)
+    except ValueError as exc:  # settings that validate alone but cannot start (e.g. alie without colluders)
+        typer.echo(f"error: {exc}", err=True)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

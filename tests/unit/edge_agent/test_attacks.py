@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -164,3 +166,10 @@ def test_a_global_model_that_makes_training_diverge_skips_the_round_instead_of_c
     with pytest.raises(ProtocolError) as info:
         worker.answer(announcement, state)
     assert info.value.reason is Reason.NON_FINITE  # the agent loop logs it and waits for the next round
+
+
+def test_the_cli_refuses_alie_without_colluders_with_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "edge_agent", "run", "--attack", "alie", "--state-dir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 2, result.stderr
+    assert "error: attack alie needs colluders" in result.stderr and "Traceback" not in result.stderr
