@@ -1,6 +1,6 @@
 """Robust aggregation: accuracy under Byzantine attacks, and speed against straightforward references.
 
-    python bench/robust.py                 # both tables (about 10 minutes on 2 cores)
+    python bench/robust.py                 # both tables (about 15 minutes on a busy 2-core machine)
     python bench/robust.py --part speed    # speed only: n = 50 updates of 1M float32
     python bench/robust.py --quick         # a tiny grid and n = 20 x 200k: well under a minute or two, for CI
 
