@@ -11,7 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from protocol.mqtt import BrokerAddress
 from protocol.topics import check_identifier
 
-AggregatorName = Literal["mean"]
+AggregatorName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"]
 AlgorithmName = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
 
 DEFAULT_MOMENTUM = 0.9
@@ -33,7 +33,16 @@ class CoordinatorSettings(BaseSettings):
 
     # what
     algorithm: AlgorithmName = "fedavg"
-    aggregator: AggregatorName = "mean"
+    aggregator: AggregatorName = Field(default="mean", description="how updates are combined")
+    byzantine_f: int = Field(default=0, ge=0, le=10_000, description=(
+        "Byzantine updates to tolerate per aggregation: Krum and Multi-Krum need n > 2f + 2 updates, the median "
+        "n > 2f, the trimmed mean must trim at least f per end; a round with fewer fails (too_few_updates)"))
+    trim_beta: float = Field(default=0.1, ge=0.0, lt=0.5, description=(
+        "trimmed_mean: fraction trimmed at each end of every coordinate (floor(beta * n) values)"))
+    multi_krum_m: int | None = Field(default=None, ge=1, description=(
+        "multi_krum: how many best-scored updates to average; default n - f"))
+    clip_norm: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
+        "scale each update (delta) to at most this L2 norm before aggregating; default no clipping"))
     rounds: int = Field(default=20, ge=1, le=1_000_000)
     local_epochs: int = Field(default=2, ge=1, le=1000)
     learning_rate: float = Field(default=0.05, gt=0.0, le=10.0)

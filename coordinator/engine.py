@@ -92,8 +92,7 @@ class RoundEngine:
         """Resume from the checkpoint if there is one; otherwise start a new run."""
         self._restore()
         m = self.metrics
-        m.info.info({"version": SOFTWARE_VERSION, "federation": self.settings.federation,
-                     "algorithm": self.strategy.algorithm})
+        m.describe_run(self.settings.federation, self.strategy.algorithm, self.strategy.aggregator.describe())
         m.rounds_planned.set(self.settings.rounds)
         m.round_deadline.set(self.settings.round_deadline_s)
         m.current_round.set(self.open.number if self.open else max(self.next_round - 1, 0))
@@ -106,7 +105,8 @@ class RoundEngine:
         if saved is None:
             self.run_id = secrets.token_hex(6)
             self._save_checkpoint()
-            log.info("new run %s: %s, %d rounds", self.run_id, self.strategy.algorithm, self.settings.rounds)
+            log.info("new run %s: %s with %s, %d rounds", self.run_id, self.strategy.algorithm,
+                     self.strategy.aggregator.describe(), self.settings.rounds)
             return
         if saved["algorithm"] != self.strategy.algorithm:
             raise ValueError(
@@ -266,8 +266,10 @@ class RoundEngine:
                 dropped = self.strategy.aggregate(open_round.number, list(open_round.updates.values()),
                                                   population=self.registry.count_by_family())
             except AggregationError as exc:
-                log.error("round %d failed to aggregate: %s", open_round.number, exc)
-                self._finish_round(open_round, "failed", exc.reason, now)
+                log.error("round %d failed to aggregate with %s: %s", open_round.number,
+                          self.strategy.aggregator.describe(), exc)
+                self.metrics.aggregation_failures.labels(exc.reason).inc()
+                self._finish_round(open_round, "failed", exc.reason, now, detail=exc.detail)
                 return
             self.metrics.aggregation_duration.observe(time.perf_counter() - started)
             for drop in dropped:
@@ -275,7 +277,8 @@ class RoundEngine:
                 self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
         self._finish_round(open_round, "completed", None, now)
 
-    def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float) -> None:
+    def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float,
+                      detail: str | None = None) -> None:
         missing = set(open_round.selected) - open_round.updates.keys()
         dropouts = {a for a in missing if a in open_round.went_offline or not self.registry.is_online(a, now)}
         # Closed early (enough answered): the rest were over-selected, not late.
@@ -296,6 +299,7 @@ class RoundEngine:
             families={f: FamilySummary(len([u for u in open_round.updates.values() if u.family == f]),
                                        m.accuracy, m.loss)
                       for f, m in metrics_by_family(open_round.updates.values()).items()},
+            detail=detail,
         )
         self.history.append(summary)
         self.next_round = open_round.number + 1

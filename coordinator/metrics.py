@@ -62,6 +62,9 @@ class CoordinatorMetrics:
         self.messages_sent = Counter("fl_sent_messages_total", "Messages published, by kind", ["kind"], registry=r)
         self.round_bytes = Gauge("fl_round_bytes", "Payload bytes of the last closed round, by direction",
                                  ["direction"], registry=r)
+        self.aggregation_failures = Counter("fl_aggregation_failures_total",
+                                            "Rounds whose updates could not be aggregated, by reason", ["reason"],
+                                            registry=r)
         self.aggregation_duration = Histogram("fl_aggregation_duration_seconds", "Time to aggregate one round",
                                               buckets=_AGGREGATION_BUCKETS, registry=r)
         self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
@@ -112,6 +115,11 @@ class CoordinatorMetrics:
         self.checkpoint_age.set_function(self._checkpoint_age)
         self._families: set[str] = set()
         self.info.info({"version": SOFTWARE_VERSION})
+
+    def describe_run(self, federation: str, algorithm: str, aggregator: str) -> None:
+        """Show what the coordinator runs in ``fl_coordinator_info`` (dashboards label panels with it)."""
+        self.info.info({"version": SOFTWARE_VERSION, "federation": federation, "algorithm": algorithm,
+                        "aggregator": aggregator})
 
     def _checkpoint_age(self) -> float:
         return float("nan") if self._last_checkpoint is None else time.time() - self._last_checkpoint

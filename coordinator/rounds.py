@@ -79,6 +79,8 @@ class RoundSummary:
     """Largest DP epsilon any agent had reported by the round's close; None without DP."""
     budget_exhausted: int = 0
     """Agents whose DP budget was spent by the round's close."""
+    detail: str | None = None
+    """What exactly went wrong, for a round that did not complete (``reason`` is the bounded code)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from edge_agent.agent import EdgeAgent
+from edge_agent.attacks import Collusion, build_attack
+from edge_agent.attacks import Collusion, build_attack
 from edge_agent.config import AgentSettings
 from edge_agent.data.local import LocalData, build_local_data
 from edge_agent.profiles import get_profile
@@ -21,8 +23,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_agent(settings: AgentSettings, *, set_threads: bool = True) -> EdgeAgent:
-    """``set_threads=False`` leaves torch's thread count alone (several agents in one process)."""
+def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion: Collusion | None = None) -> EdgeAgent:
+    """``set_threads=False`` leaves torch's thread count alone (several agents in one process).
+
+    ``collusion`` is the rendezvous of colluding attackers (tests and benchmarks only).
+    """
+    attack = build_attack(settings.attack, scale=settings.attack_scale, z=settings.attack_z, collusion=collusion)
     profile = get_profile(settings.device)
     threads = settings.threads if settings.threads is not None else profile.threads
     if set_threads and threads:
@@ -38,12 +44,15 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True) -> EdgeAge
     family = settings.family or profile.family
     device = profile.torch_device()
     privacy = _private_trainer(settings, family, data, state)
-    worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state, privacy)
+    worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state, privacy, attack)
     log.info("agent %s: device %s, family %s on %s, %d train / %d held-out samples",
              agent_id, profile.name, family, device, len(data.train), len(data.held_out))
     straggler = settings.straggler_model()
     if straggler.kind != "off":
         log.info("agent %s: simulating stragglers, extra training time %s seconds", agent_id, straggler)
+    if attack is not None:
+        log.warning("!!! agent %s IS BYZANTINE: attack %s. The attack harness is for tests and benchmarks only; "
+                    "every update it sends is forged and says so in metrics.extra !!!", agent_id, attack.describe())
     return EdgeAgent(agent_id, settings.federation, settings.broker_address(), profile, worker, state,
                      heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
                      exit_when_finished=settings.exit_when_finished, straggler=straggler,

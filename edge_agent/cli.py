@@ -27,8 +27,8 @@ def run(settings: AgentSettings) -> int:
 
     try:
         agent = build_agent(settings)
-    except ValueError as exc:  # bad data, a model DP cannot train, a privacy ledger that does not restore
-        logging.getLogger("edge_agent").error("cannot start: %s", exc)
+    except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, alie alone
+        typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -35,6 +35,15 @@ class AgentSettings(BaseSettings):
     data_seed: int = 0
     eval_fraction: float = Field(default=0.15, ge=0.0, lt=1.0)
 
+    # FOR TESTS AND BENCHMARKS ONLY: make this agent Byzantine (edge_agent/attacks).
+    attack: Literal["none", "sign_flip", "scaling", "gaussian_noise", "label_flip", "alie"] = Field(
+        default="none", description="TESTS/BENCHMARKS ONLY: send malicious updates")
+    attack_scale: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
+        "sign_flip: send -s x delta (default 4); scaling: poisoned delta x s (default 10); "
+        "gaussian_noise: sigma = s x RMS of the delta (default 100)"))
+    attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
+        "alie: send mean - z x std of the colluders' benign updates (default 1)"))
+
     threads: int | None = Field(default=None, ge=0)
     batch_size: int | None = Field(default=None, ge=1)
     heartbeat_s: float = Field(default=15.0, gt=0.0)
@@ -86,6 +95,10 @@ class AgentSettings(BaseSettings):
             raise ValueError(f"partition_index {self.partition_index} must be below num_partitions {self.num_partitions}")
         if self.partition == "none" and self.num_partitions != 1:
             raise ValueError("num_partitions > 1 needs a partition kind (iid, dirichlet, classes)")
+        if self.attack_scale is not None and self.attack not in ("sign_flip", "scaling", "gaussian_noise"):
+            raise ValueError(f"attack_scale has no effect with attack {self.attack!r}")
+        if self.attack_z is not None and self.attack != "alie":
+            raise ValueError(f"attack_z has no effect with attack {self.attack!r}")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         if self.reconnect_min_s > self.reconnect_max_s:

@@ -2,25 +2,42 @@
 
 from __future__ import annotations
 
+import math
 import zlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from edge_agent.algorithms import RoundContext, build_client_algorithm
+from edge_agent.attacks import Attack, AttackContext, forge_payload
 from edge_agent.data.local import LocalData
 from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from edge_agent.training import evaluate, train_local
+from edge_agent.weights import get_arrays
+from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, PrivacySpent, RoundAnnouncement, TrainMetrics, Update
 
 if TYPE_CHECKING:
     from edge_agent.privacy.trainer import PrivateTrainer
 
 
+def check_finite(what: str, losses: list[float], payload: Mapping[str, object] | None = None) -> None:
+    """Raise NON_FINITE if training diverged: a global state that does this is unusable, and an
+    update carrying NaN would be rejected anyway. The agent skips the round; it does not die."""
+    if not all(math.isfinite(x) for x in losses):
+        raise ProtocolError(Reason.NON_FINITE, f"{what}: non-finite loss; skipping the round")
+    for part in (payload or {}).values():
+        for array in part.values() if isinstance(part, Mapping) else [part]:
+            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise ProtocolError(Reason.NON_FINITE, f"{what}: diverged to non-finite weights; skipping the round")
+
+
 class LocalWorker:
     def __init__(self, agent_id: str, family: str, data: LocalData, device: torch.device, batch_size: int,
-                 state: AgentStateDir, privacy: PrivateTrainer | None = None) -> None:
+                 state: AgentStateDir, privacy: PrivateTrainer | None = None, attack: Attack | None = None) -> None:
         self.agent_id = agent_id
         self.family = family
         self.data = data
@@ -29,6 +46,8 @@ class LocalWorker:
         self.state = state
         self.privacy = privacy
         """DP-SGD and its budget; None trains without DP."""
+        self.attack = attack
+        """Tests and benchmarks only: the Byzantine behaviour this agent adopts, if any."""
 
     def privacy_spent(self) -> PrivacySpent | None:
         return None if self.privacy is None else self.privacy.spent()
@@ -37,7 +56,7 @@ class LocalWorker:
         """The update for ``announcement``; ``global_state`` is None when the family bootstraps.
 
         Raises ProtocolError when the round cannot be answered (parameters or state that do
-        not fit this agent).
+        not fit this agent, or training that diverged).
         """
         train, held_out = self.data.train, self.data.held_out
         context = RoundContext(announcement.run_id, announcement.round, self.family, self.device)
@@ -50,6 +69,7 @@ class LocalWorker:
             family=self.family, base_digest=global_state.digest if global_state is not None else None,
             num_samples=len(train),
         )
+        check_finite("the global model", [before.loss])
         if announcement.task == "evaluate":
             metrics = TrainMetrics(eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
                                    extra=algorithm.metrics(model, held_out))
@@ -57,6 +77,9 @@ class LocalWorker:
 
         algorithm.check_plan(announcement.training)
         algorithm.begin(model, global_state)
+        init = get_arrays(model) if self.attack is not None and global_state is None else None
+        if self.attack is not None:
+            train = self.attack.poison(train)
         batch_size = announcement.training.batch_size or self.batch_size
         if self.privacy is not None:
             result = self.privacy.train(model, train, announcement.training, batch_size, self.device, algorithm)
@@ -66,13 +89,18 @@ class LocalWorker:
             result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
         after = evaluate(model, held_out, self.device)
         payload = algorithm.payload(model, train, result, announcement.training)
+        check_finite("local training", [result.loss, after.loss], payload)
+        extra = {"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss,
+                 **algorithm.metrics(model, held_out)}
+        if self.attack is not None:
+            attack_context = AttackContext(self.agent_id, announcement.run_id, announcement.round, self.family)
+            payload = forge_payload(self.attack, payload, init, attack_context)
+            extra.update(self.attack.report())
         private = self.privacy is not None
         metrics = TrainMetrics(
             eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
             # Loss and accuracy on the training records are not covered by DP-SGD: not sent under DP.
             train_loss=None if private else result.loss, train_accuracy=None if private else result.accuracy,
-            duration_s=result.duration_s, steps=result.steps,
-            extra={"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss,
-                   **algorithm.metrics(model, held_out)},
+            duration_s=result.duration_s, steps=result.steps, extra=extra,
         )
         return Update(**common, metrics=metrics, privacy=self.privacy_spent(), **payload)

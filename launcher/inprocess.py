@@ -20,6 +20,7 @@ from coordinator.rounds import RoundSummary
 from coordinator.service import CoordinatorService
 from coordinator.strategies.base import Strategy
 from edge_agent.agent import EdgeAgent
+from edge_agent.attacks import Collusion
 from edge_agent.bootstrap import build_agent
 from edge_agent.config import AgentSettings
 
@@ -35,12 +36,14 @@ class FederationResult:
 
 
 def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings], timeout_s: float = 600.0,
-                   on_round_closed: Callable[[RoundSummary, RoundEngine], None] | None = None) -> FederationResult:
+                   on_round_closed: Callable[[RoundSummary, RoundEngine], None] | None = None,
+                   collusion: Collusion | None = None) -> FederationResult:
     """Run until the coordinator finishes; raises TimeoutError after ``timeout_s``.
 
     ``on_round_closed`` runs on the coordinator's thread after each round is recorded (the
     engine's strategy then holds the states the next round starts from), e.g. to score every
-    round's global model; the next round waits for it.
+    round's global model; the next round waits for it. ``collusion`` is shared by the agents
+    configured with ``attack="alie"`` (benches only).
     """
     coordinator = coordinator.model_copy(update={"exit_when_finished": True, "http_port": 0})
     service = CoordinatorService(coordinator, registry=CollectorRegistry())
@@ -53,7 +56,8 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
             on_round_closed(summary, engine)
 
         engine.on_round_closed = observe
-    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False) for a in agents]
+    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False, collusion=collusion)
+             for a in agents]
     stop = threading.Event()
     started = time.perf_counter()
     coordinator_thread = threading.Thread(target=service.run, args=(stop,), name="coordinator", daemon=True)

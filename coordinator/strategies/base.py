@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from coordinator.aggregators import Aggregator
+from coordinator.aggregation import AggregationError, FailureReason
+from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
 from protocol.arrays import check_layout, layout_of
 from protocol.messages import Algorithm, GlobalState, Update
@@ -27,6 +28,13 @@ class FamilyState:
     digest: str = ""
 
     def __post_init__(self) -> None:
+        # Every input was finite, but sums of them need not be (float32 overflows past 3.4e38):
+        # a state that could not be published must fail its round, not the coordinator.
+        parts = {**{f"weights.{k}": v for k, v in self.weights.items()},
+                 **{f"control.{k}": v for k, v in self.control.items()}, "prototypes": self.prototypes}
+        for name, array in parts.items():
+            if array is not None and array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise AggregationError(FailureReason.NON_FINITE_RESULT, f"round {self.round} state: {name} is not finite")
         self.digest = GlobalState.compute_digest(self.weights, self.control, self.prototypes, self.prototype_counts)
 
     def message(self, run_id: str, family: str) -> GlobalState:
@@ -57,12 +65,20 @@ class Strategy(ABC):
 
     ``states`` holds one :class:`FamilyState` per model family. A family without one yet
     bootstraps: its agents start from the announced seeded initialisation and send weights.
+
+    Every combination of agents' payloads goes through ``self.aggregator``, so any strategy
+    runs with any configured rule (mean, median, trimmed mean, Krum, Multi-Krum):
+    ``self.aggregator(deltas, weights)`` for updates (clipped when clipping is configured),
+    ``self.aggregator.unclipped(values, weights)`` for absolute values such as bootstrap
+    weights or prototypes. A rule may raise ``AggregationError``; ``aggregate`` must then
+    leave ``states`` untouched (compute every family first, commit at the end), and the
+    engine fails the round with the error's reason.
     """
 
     algorithm: ClassVar[Algorithm]
 
-    def __init__(self, aggregator: Aggregator) -> None:
-        self.aggregator = aggregator
+    def __init__(self, aggregator: Aggregator | AggregateFn) -> None:
+        self.aggregator = Aggregator.of(aggregator)
         self.states: dict[str, FamilyState] = {}
 
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:

@@ -1,4 +1,8 @@
-"""FedAvg (McMahan et al., 2017): the sample-weighted average of client deltas."""
+"""FedAvg (McMahan et al., 2017): the sample-weighted average of client deltas.
+
+With a robust aggregator configured, "average" becomes that rule (median, trimmed mean,
+Krum, Multi-Krum) over the same deltas; the server step is unchanged.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from coordinator.aggregators import Aggregator
+from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, majority_layout
 from protocol.messages import Update
 
@@ -19,7 +23,8 @@ def apply_delta(weights: dict[str, np.ndarray], delta: dict[str, np.ndarray], lr
     out = {}
     for name, value in weights.items():
         if value.dtype.kind in "fc":
-            out[name] = np.asarray(value.astype(np.float64) + lr * delta[name].astype(np.float64)).astype(value.dtype)
+            with np.errstate(over="ignore"):  # an overflow to inf fails the round (FamilyState checks)
+                out[name] = np.asarray(value.astype(np.float64) + lr * delta[name].astype(np.float64)).astype(value.dtype)
         else:
             out[name] = np.asarray(value + delta[name]).astype(value.dtype)
     return out
@@ -28,22 +33,25 @@ def apply_delta(weights: dict[str, np.ndarray], delta: dict[str, np.ndarray], lr
 class FedAvg(Strategy):
     algorithm = "fedavg"
 
-    def __init__(self, aggregator: Aggregator, server_learning_rate: float = 1.0) -> None:
+    def __init__(self, aggregator: Aggregator | AggregateFn, server_learning_rate: float = 1.0) -> None:
         super().__init__(aggregator)
         self.server_learning_rate = server_learning_rate
 
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
         dropped: list[Dropped] = []
+        new_states: dict[str, FamilyState] = {}
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)
             if state is None:
+                # Bootstrap: absolute weights, all trained from one seeded init; nothing to clip.
                 group, left_out = majority_layout(group, "weights")
                 dropped += left_out
-                merged = self.aggregator([u.weights for u in group], [float(u.num_samples) for u in group])
+                merged = self.aggregator.unclipped([u.weights for u in group], [float(u.num_samples) for u in group])
             else:
                 weights = [float(u.num_samples) for u in group]
                 mean_delta = self.aggregator([u.delta for u in group], weights)
                 merged = apply_delta(state.weights, mean_delta, self.server_learning_rate)
-            self.states[family] = FamilyState(round=round_number + 1, weights=merged)
+            new_states[family] = FamilyState(round=round_number + 1, weights=merged)
+        self.states.update(new_states)  # only once every family aggregated: a failure changes nothing
         return dropped

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregators import Aggregator
+from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, majority_by
 from protocol.messages import Update
@@ -35,7 +35,7 @@ DRIFT_FACTOR = 3.0
 ones is logged as drifting (a broken sensor, a poisoned data set, a bug in its build)."""
 
 
-def aggregate_prototypes(aggregator: Aggregator, prototypes: Sequence[np.ndarray],
+def aggregate_prototypes(aggregator: AggregateFn, prototypes: Sequence[np.ndarray],
                          counts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per class, the count-weighted mean of the prototypes of the agents that hold the class.
 
@@ -45,7 +45,8 @@ def aggregate_prototypes(aggregator: Aggregator, prototypes: Sequence[np.ndarray
     with 3 samples of a class then moves it as much as 3 samples should, not as much as one
     with 300. Agents without the class (count 0) take no part in its row; a class no agent holds
     gets a zero row and count 0. Each class is one call of ``aggregator`` over
-    ``[{"proto": row}, ...]`` with the counts as weights, so robust aggregators apply per class.
+    ``[{"proto": row}, ...]`` with the counts as weights, so robust aggregators apply per class;
+    prototypes are absolute values, so strategies pass the rule without clipping.
 
     Returns (prototypes [classes, dim] float32, counts [classes] int64 summed over agents).
     """
@@ -76,7 +77,7 @@ def normalize_rows(prototypes: np.ndarray, counts: np.ndarray) -> np.ndarray:
 class FedProto(Strategy):
     algorithm = "fedproto"
 
-    def __init__(self, aggregator: Aggregator, lam: float, *, warmup_rounds: int = 0, momentum: float = 0.0,
+    def __init__(self, aggregator: Aggregator | AggregateFn, lam: float, *, warmup_rounds: int = 0, momentum: float = 0.0,
                  normalize: bool = False) -> None:
         super().__init__(aggregator)
         if lam < 0 or warmup_rounds < 0 or not 0.0 <= momentum < 1.0:
@@ -117,7 +118,7 @@ class FedProto(Strategy):
         if self.prototypes is None:
             group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
         fresh, fresh_counts = aggregate_prototypes(
-            self.aggregator, [u.prototypes for u in group], [u.prototype_counts for u in group])  # type: ignore[misc]
+            self.aggregator.unclipped, [u.prototypes for u in group], [u.prototype_counts for u in group])  # type: ignore[misc]
         if self.normalize:
             fresh = normalize_rows(fresh, fresh_counts)
         self.prototypes, self.counts = self._mix(fresh, fresh_counts)

@@ -6,14 +6,14 @@ the agents' local objective follows the coordinator's setting. With ``mu = 0`` i
 
 from __future__ import annotations
 
-from coordinator.aggregators import Aggregator
+from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.strategies.fedavg import FedAvg
 
 
 class FedProx(FedAvg):
     algorithm = "fedprox"
 
-    def __init__(self, aggregator: Aggregator, mu: float, server_learning_rate: float = 1.0) -> None:
+    def __init__(self, aggregator: Aggregator | AggregateFn, mu: float, server_learning_rate: float = 1.0) -> None:
         super().__init__(aggregator, server_learning_rate=server_learning_rate)
         if mu < 0:
             raise ValueError(f"fedprox mu must be non-negative, got {mu}")

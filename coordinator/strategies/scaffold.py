@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregators import Aggregator
+from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, majority_layout
 from coordinator.strategies.fedavg import apply_delta
@@ -46,7 +46,7 @@ def check_control_names(control: Mapping[str, np.ndarray], weights: Mapping[str,
 class Scaffold(Strategy):
     algorithm = "scaffold"
 
-    def __init__(self, aggregator: Aggregator, server_learning_rate: float = 1.0) -> None:
+    def __init__(self, aggregator: Aggregator | AggregateFn, server_learning_rate: float = 1.0) -> None:
         super().__init__(aggregator)
         if server_learning_rate <= 0:
             raise ValueError(f"scaffold's global learning rate must be positive, got {server_learning_rate}")
@@ -64,7 +64,10 @@ class Scaffold(Strategy):
 
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
+        """Control-variate deltas are combined unclipped (clip_norm is a bound on model deltas,
+        whose scale they do not share) but through the same rule, so a robust rule guards both."""
         dropped: list[Dropped] = []
+        fresh: dict[str, FamilyState] = {}
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)
             if state is None:
@@ -72,16 +75,17 @@ class Scaffold(Strategy):
                 dropped += left_out
                 group, left_out = majority_layout(group, "control_delta")
                 dropped += left_out
-                weights = self.aggregator([u.weights for u in group], [float(u.num_samples) for u in group])
+                weights = self.aggregator.unclipped([u.weights for u in group], [float(u.num_samples) for u in group])
                 control = {name: np.zeros_like(a) for name, a in group[0].control_delta.items()}
             else:
                 mean_delta = self.aggregator([u.delta for u in group], [float(u.num_samples) for u in group])
                 weights = apply_delta(state.weights, mean_delta, self.server_learning_rate)
                 control = state.control
             known = max((population or {}).get(family, 0), len(group))
-            mean_control_delta = self.aggregator([u.control_delta for u in group], [1.0] * len(group))
+            mean_control_delta = self.aggregator.unclipped([u.control_delta for u in group], [1.0] * len(group))
             control = apply_delta(control, mean_control_delta, len(group) / known)
-            self.states[family] = FamilyState(round=round_number + 1, weights=weights, control=control)
+            fresh[family] = FamilyState(round=round_number + 1, weights=weights, control=control)
+        self.states.update(fresh)  # all families or none: a failure above leaves every state as it was
         return dropped
 
     def load_state_dict(self, data: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.strategies import build_strategy
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.topics import Topics
+from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
 
 TOPICS = Topics("t")
@@ -217,3 +218,57 @@ def test_a_different_algorithm_refuses_the_checkpoint(tmp_path: Path) -> None:
     store.save("checkpoint", {k: v for k, v in data.items() if k != "format"} | {"algorithm": "scaffold"})
     with pytest.raises(ValueError, match="scaffold run"):
         make_engine(tmp_path, clock)
+
+
+def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run_goes_on(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock, aggregator="krum", byzantine_f=1, min_available_agents=4,
+                                          min_fit_agents=4)
+    for agent_id in ("a", "b", "c", "d"):
+        hello(engine, agent_id)
+    engine.tick()
+    for agent_id in ("a", "b", "c", "d"):
+        send(engine, update(engine, agent_id, 1))
+    engine.tick()  # everyone answered, but Krum with f = 1 needs n > 4
+    failed = engine.history[-1]
+    assert (failed.round, failed.outcome, failed.reason) == (1, "failed", "too_few_updates")
+    assert failed.detail is not None and "n > 2f + 2 = 4, got n=4" in failed.detail
+    assert engine.strategy.states == {}  # nothing changed
+    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "failed"}) == 1
+    assert metrics.registry.get_sample_value("fl_aggregation_failures_total", {"reason": "too_few_updates"}) == 1
+    labels = {"version": SOFTWARE_VERSION, "federation": "t", "algorithm": "fedavg", "aggregator": "krum(f=1)"}
+    assert metrics.registry.get_sample_value("fl_coordinator_info", labels) == 1
+
+    hello(engine, "e")  # a fifth agent: the next round has enough updates
+    engine.tick()
+    assert engine.open is not None and engine.open.number == 2
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).states == {}  # still bootstrapping
+    for agent_id in ("a", "b", "c", "d", "e"):
+        send(engine, update(engine, agent_id, 2))
+    engine.tick()
+    assert engine.history[-1].outcome == "completed" and engine.strategy.states["f"].round == 3
+    assert [s.reason for s in engine.history] == ["too_few_updates", None]
+    again, _, _ = make_engine(tmp_path, clock, aggregator="krum", byzantine_f=1)  # the summary survives a restart
+    assert again.history[0].detail == failed.detail
+
+
+def test_a_state_that_overflows_fails_the_round_and_the_coordinator_carries_on(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick()
+    engine.tick()
+    huge = {"w": np.full((2, 3), 3e38, dtype=np.float32), "b": np.full(3, 3e38, dtype=np.float32)}  # finite
+    for round_number in (2, 3):  # 1 + 3e38 is finite; 3e38 + 3e38 is not, in float32
+        send(engine, update(engine, "a", round_number, delta=huge)), send(engine, update(engine, "b", round_number,
+                                                                                         delta=huge))
+        engine.tick()
+        engine.tick()
+    assert [(s.outcome, s.reason) for s in engine.history] == [
+        ("completed", None), ("completed", None), ("failed", "non_finite_result")]
+    assert metrics.registry.get_sample_value("fl_aggregation_failures_total", {"reason": "non_finite_result"}) == 1
+    assert np.isfinite(engine.strategy.states["f"].weights["w"]).all() and engine.strategy.states["f"].round == 3
+    assert engine.open is not None and engine.open.number == 4  # the next round opened from the last good state
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).states["f"].round == 3

@@ -45,7 +45,8 @@ def test_progress_gauges_follow_the_run(tmp_path: Path) -> None:
     engine, _, metrics = make_engine(tmp_path, clock, rounds=1, evaluate_final=False, round_deadline_s=10.0)
     value = metrics.registry.get_sample_value
     assert value("fl_rounds_planned") == 1
-    assert value("fl_coordinator_info", {"version": SOFTWARE_VERSION, "federation": "t", "algorithm": "fedavg"}) == 1
+    assert value("fl_coordinator_info", {"version": SOFTWARE_VERSION, "federation": "t", "algorithm": "fedavg",
+                                         "aggregator": "mean()"}) == 1
     assert value("fl_round_deadline_seconds") == 10.0
     assert value("fl_run_finished") == 0
     assert value("fl_last_progress_timestamp_seconds") == clock.now
