@@ -2,15 +2,16 @@
 
 Wire layout of one array (msgpack ext type ``EXT_NDARRAY``)::
 
-    u8 ndim | u8 len(dtype) | dtype (ASCII, e.g. "<f4") | zero pad to 8 bytes
+    u8 ndim | u8 len(dtype) | u8 pad | dtype (ASCII, e.g. "<f4") | pad zero bytes
     | ndim x u64 little-endian dims | raw little-endian C-order data
 
-The header is padded so the data starts 8-byte aligned inside the ext payload. Encoding
-joins the parts once (one copy of each array); decoding returns read-only arrays that view
-the ext payload through ``np.frombuffer`` (no second copy). Never pickle.
+``pad`` (0-15) puts the data at a multiple of 16 bytes from the start of the message, so a
+decoded array is an aligned, read-only view straight into the received payload: decoding
+copies no array data at all (see :mod:`protocol.reader`). Encoding joins the parts once, one
+copy of each array. Everything else is plain msgpack. Never pickle.
 
-Every decode is bounded by :class:`~protocol.limits.DecodeLimits`, checked before arrays
-are materialised, and anything malformed raises :class:`~protocol.errors.ProtocolError`.
+Every decode is bounded by :class:`~protocol.limits.DecodeLimits`, checked before anything
+is built, and anything malformed raises :class:`~protocol.errors.ProtocolError`.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ from protocol.errors import ProtocolError, Reason
 from protocol.limits import DEFAULT_LIMITS, DecodeLimits
 
 EXT_NDARRAY = 1
+ALIGNMENT = 16
+HEADER_FIXED = 3
+"""ndim, len(dtype), pad."""
 
 _FIXEXT_MARKERS = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
-_HEAD = struct.Struct("<BB")
-
-
-def _align8(n: int) -> int:
-    return (n + 7) & ~7
+EXT32_PREFIX = 6
+MAX_DIM = 2**62
 
 
 def _ext_prefix(length: int) -> bytes:
@@ -48,125 +49,124 @@ def _ext_prefix(length: int) -> bytes:
     raise ValueError(f"array of {length} bytes exceeds one msgpack ext value (4 GiB)")
 
 
-def _array_parts(array: np.ndarray) -> list[bytes | memoryview]:
-    if array.dtype.hasobject or array.dtype.fields is not None:
-        raise TypeError(f"cannot encode arrays of dtype {array.dtype}")
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
-    dtype = array.dtype.str.encode("ascii")
-    head = _HEAD.pack(array.ndim, len(dtype)) + dtype
-    head += b"\0" * (_align8(len(head)) - len(head))
-    head += struct.pack(f"<{array.ndim}Q", *array.shape)
-    data = memoryview(array).cast("B") if array.size else b""
-    return [_ext_prefix(len(head) + array.nbytes), head, data]
+class _Encoder:
+    """Collects the message's parts, tracking the offset so array data lands aligned."""
 
+    def __init__(self) -> None:
+        self.parts: list[bytes | memoryview] = []
+        self.size = 0
+        self.packer = msgpack.Packer(autoreset=True, use_bin_type=True)
 
-def _emit(obj: Any, packer: msgpack.Packer, parts: list[bytes | memoryview]) -> None:
-    if isinstance(obj, np.ndarray):
-        parts.extend(_array_parts(obj))
-    elif isinstance(obj, dict):
-        parts.append(packer.pack_map_header(len(obj)))
-        for key, value in obj.items():
-            if not isinstance(key, str):
-                raise TypeError(f"map keys must be str, got {type(key).__name__}")
-            parts.append(packer.pack(key))
-            _emit(value, packer, parts)
-    elif isinstance(obj, (list, tuple)):
-        parts.append(packer.pack_array_header(len(obj)))
-        for value in obj:
-            _emit(value, packer, parts)
-    elif isinstance(obj, np.generic):
-        parts.append(packer.pack(obj.item()))
-    else:
-        parts.append(packer.pack(obj))
+    def add(self, part: bytes | memoryview) -> None:
+        self.parts.append(part)
+        self.size += memoryview(part).nbytes
+
+    def value(self, obj: Any) -> None:
+        if isinstance(obj, np.ndarray):
+            self.array(obj)
+        elif isinstance(obj, dict):
+            self.add(self.packer.pack_map_header(len(obj)))
+            for key, item in obj.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"map keys must be str, got {type(key).__name__}")
+                self.add(self.packer.pack(key))
+                self.value(item)
+        elif isinstance(obj, (list, tuple)):
+            self.add(self.packer.pack_array_header(len(obj)))
+            for item in obj:
+                self.value(item)
+        elif isinstance(obj, np.generic):
+            self.add(self.packer.pack(obj.item()))
+        else:
+            self.add(self.packer.pack(obj))
+
+    def array(self, array: np.ndarray) -> None:
+        if array.dtype.hasobject or array.dtype.fields is not None:
+            raise TypeError(f"cannot encode arrays of dtype {array.dtype}")
+        if array.dtype.byteorder == ">":
+            array = array.astype(array.dtype.newbyteorder("<"))
+        array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
+        dtype = array.dtype.str.encode("ascii")
+        dims = struct.pack(f"<{array.ndim}Q", *array.shape)
+        fixed = HEADER_FIXED + len(dtype) + len(dims)
+        for pad in range(ALIGNMENT):  # the smallest pad that aligns, with msgpack's shortest framing
+            prefix = _ext_prefix(fixed + pad + array.nbytes)
+            if (self.size + len(prefix) + fixed + pad) % ALIGNMENT == 0:
+                break
+        else:  # the pad would cross a framing size class: ext 32 frames any length
+            pad = -(self.size + EXT32_PREFIX + fixed) % ALIGNMENT
+            prefix = struct.pack(">BIb", 0xC9, fixed + pad + array.nbytes, EXT_NDARRAY)
+        self.add(prefix)
+        self.add(bytes((array.ndim, len(dtype), pad)) + dtype + b"\0" * pad + dims)
+        if array.size:
+            self.add(memoryview(array).cast("B"))
 
 
 def encode(obj: Any) -> bytes:
     """Encode plain data (dicts, lists, scalars, bytes, numpy arrays) to msgpack bytes."""
-    parts: list[bytes | memoryview] = []
-    _emit(obj, msgpack.Packer(autoreset=True, use_bin_type=True), parts)
-    return b"".join(parts)
+    encoder = _Encoder()
+    encoder.value(obj)
+    return b"".join(encoder.parts)
 
 
-class _ArrayDecoder:
-    """ext_hook for one decode: checks every declared size before building a view."""
+class ArrayBudget:
+    """Elements one message may still declare, across all its arrays."""
 
     def __init__(self, limits: DecodeLimits) -> None:
         self.limits = limits
         self.elements_left = limits.max_total_elements
 
-    def __call__(self, code: int, data: bytes) -> np.ndarray:
-        if code != EXT_NDARRAY:
-            raise ProtocolError(Reason.UNKNOWN_EXTENSION, f"unknown msgpack extension type {code}")
-        if len(data) < _HEAD.size:
-            raise ProtocolError(Reason.MALFORMED, "array header truncated")
-        ndim, dtype_len = _HEAD.unpack_from(data)
-        if ndim > self.limits.max_ndim:
-            raise ProtocolError(Reason.BAD_SHAPE, f"array has {ndim} dimensions")
-        dims_at = _align8(_HEAD.size + dtype_len)
-        data_at = dims_at + 8 * ndim
-        if len(data) < data_at:
-            raise ProtocolError(Reason.MALFORMED, "array header truncated")
-        try:
-            dtype_str = data[_HEAD.size:_HEAD.size + dtype_len].decode("ascii")
-        except UnicodeDecodeError:
-            raise ProtocolError(Reason.BAD_DTYPE, "dtype is not ASCII") from None
-        if dtype_str not in self.limits.allowed_dtypes:
-            raise ProtocolError(Reason.BAD_DTYPE, f"dtype {dtype_str!r} is not allowed")
-        dims = struct.unpack_from(f"<{ndim}Q", data, dims_at)
-        count = math.prod(dims)
-        if count > self.limits.max_array_elements or count > self.elements_left:
-            raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array of shape {dims} is over the element limit")
-        self.elements_left -= count
-        dtype = np.dtype(dtype_str)
-        if len(data) - data_at != count * dtype.itemsize:
-            raise ProtocolError(
-                Reason.MALFORMED,
-                f"array {dtype_str}{list(dims)} declares {count * dtype.itemsize} bytes, carries {len(data) - data_at}",
-            )
-        if count == 0:
-            return np.empty(dims, dtype=dtype)
-        return np.frombuffer(data, dtype=dtype, count=count, offset=data_at).reshape(dims)
+
+def read_array(buffer: memoryview, start: int, length: int, budget: ArrayBudget) -> np.ndarray:
+    """The array in ext payload ``buffer[start:start + length]``, as a read-only view of ``buffer``.
+
+    Every declared size is checked against the limits before the view is made.
+    """
+    limits = budget.limits
+    end = start + length
+    if length < HEADER_FIXED:
+        raise ProtocolError(Reason.MALFORMED, "array header truncated")
+    ndim, dtype_len, pad = buffer[start], buffer[start + 1], buffer[start + 2]
+    if ndim > limits.max_ndim:
+        raise ProtocolError(Reason.BAD_SHAPE, f"array has {ndim} dimensions")
+    if pad >= ALIGNMENT:
+        raise ProtocolError(Reason.MALFORMED, f"array header pad of {pad} bytes")
+    dtype_at = start + HEADER_FIXED
+    dims_at = dtype_at + dtype_len + pad
+    data_at = dims_at + 8 * ndim
+    if data_at > end:
+        raise ProtocolError(Reason.MALFORMED, "array header truncated")
+    try:
+        dtype_str = bytes(buffer[dtype_at:dtype_at + dtype_len]).decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError(Reason.BAD_DTYPE, "dtype is not ASCII") from None
+    if dtype_str not in limits.allowed_dtypes:
+        raise ProtocolError(Reason.BAD_DTYPE, f"dtype {dtype_str!r} is not allowed")
+    dims = struct.unpack_from(f"<{ndim}Q", buffer, dims_at)
+    if any(d > MAX_DIM for d in dims):
+        raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array dimension over {MAX_DIM}")
+    count = math.prod(dims)
+    if count > limits.max_array_elements or count > budget.elements_left:
+        raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array of shape {dims} is over the element limit")
+    budget.elements_left -= count
+    dtype = np.dtype(dtype_str)
+    if end - data_at != count * dtype.itemsize:
+        raise ProtocolError(
+            Reason.MALFORMED,
+            f"array {dtype_str}{list(dims)} declares {count * dtype.itemsize} bytes, carries {end - data_at}",
+        )
+    if count == 0:
+        return np.empty(dims, dtype=dtype)
+    array = np.frombuffer(buffer, dtype=dtype, count=count, offset=data_at).reshape(dims)
+    array.flags.writeable = False  # a view of the caller's payload, which may be a bytearray
+    return array
 
 
 def decode(payload: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
-    """Decode msgpack bytes from an untrusted source. Raises only :class:`ProtocolError`."""
-    size = memoryview(payload).nbytes
-    if size > limits.max_payload_bytes:
-        raise ProtocolError(Reason.TOO_LARGE, f"payload of {size} bytes is over {limits.max_payload_bytes}")
-    if size == 0:
-        raise ProtocolError(Reason.MALFORMED, "empty payload")
-    try:
-        obj = msgpack.unpackb(
-            payload,
-            ext_hook=_ArrayDecoder(limits),
-            raw=False,
-            strict_map_key=True,
-            max_str_len=limits.max_str_len,
-            max_bin_len=limits.max_payload_bytes,
-            max_array_len=limits.max_container_len,
-            max_map_len=limits.max_container_len,
-            max_ext_len=limits.max_payload_bytes,
-        )
-    except ProtocolError:
-        raise
-    except (ValueError, TypeError, OverflowError, msgpack.UnpackException) as exc:
-        # ValueError covers msgpack's ExtraData, FormatError, StackError and truncation,
-        # and UnicodeDecodeError for invalid UTF-8 strings.
-        raise ProtocolError(Reason.MALFORMED, f"{type(exc).__name__}: {exc}"[:200]) from None
-    _reject_timestamps(obj)
-    return obj
+    """Decode msgpack bytes from an untrusted source. Raises only :class:`ProtocolError`.
 
+    Arrays in the result are read-only views of ``payload`` (which they keep alive).
+    """
+    from protocol.reader import read_message  # the reader builds arrays with read_array above
 
-def _reject_timestamps(obj: Any) -> None:
-    """msgpack decodes extension type -1 (its timestamp) itself, never calling ``ext_hook``."""
-    pending = [obj]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-        elif isinstance(item, msgpack.Timestamp):
-            raise ProtocolError(Reason.UNKNOWN_EXTENSION, "unknown msgpack extension type -1 (timestamp)")
+    return read_message(payload, limits)

@@ -35,8 +35,7 @@ def reason_of(call: Callable[[], Any]) -> Reason:
 
 def ext_array(dtype: bytes, dims: tuple[int, ...], data: bytes, ndim: int | None = None) -> msgpack.ExtType:
     """A hand-made array ext value; ``ndim`` may lie about ``len(dims)``."""
-    head = bytes([len(dims) if ndim is None else ndim, len(dtype)]) + dtype
-    head += b"\0" * (-len(head) % 8)
+    head = bytes([len(dims) if ndim is None else ndim, len(dtype), 0]) + dtype
     head += b"".join(struct.pack("<Q", d) for d in dims)
     return msgpack.ExtType(EXT_NDARRAY, head + data)
 
