@@ -132,7 +132,5 @@ class AgentSettings(BaseSettings):
                              "two mechanisms")
 
     def broker_address(self) -> BrokerAddress:
-        address = BrokerAddress.parse(self.broker_url)
-        username = self.broker_username or address.username
-        password = self.broker_password.get_secret_value() if self.broker_password else address.password
-        return BrokerAddress(address.host, address.port, address.tls, username, password)
+        password = self.broker_password.get_secret_value() if self.broker_password else None
+        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password)

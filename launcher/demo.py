@@ -38,7 +38,6 @@ from launcher.progress import ProgressView, fmt_accuracy, human_bytes, read_roun
 #   final models on the untouched central test set anyway.
 DEFAULT_LOCAL_EPOCHS = 8
 DEFAULT_LEARNING_RATE = 0.02
-DEFAULT_MOMENTUM = 0.9
 DEFAULT_EVAL_FRACTION = 0.05
 
 
@@ -47,6 +46,21 @@ class Partition(str, Enum):
     dirichlet = "dirichlet"
     classes = "classes"
     none = "none"
+
+
+class Algorithm(str, Enum):
+    fedavg = "fedavg"
+    fedprox = "fedprox"
+    scaffold = "scaffold"
+    fedproto = "fedproto"
+
+
+class AggregatorKind(str, Enum):
+    """Rules that need no Byzantine count; krum and multi_krum are for the coordinator's CLI."""
+
+    mean = "mean"
+    median = "median"
+    trimmed_mean = "trimmed_mean"
 
 
 class BrokerKind(str, Enum):
@@ -65,7 +79,10 @@ class DemoConfig:
     out: Path | None = None
     local_epochs: int = DEFAULT_LOCAL_EPOCHS
     learning_rate: float = DEFAULT_LEARNING_RATE
-    momentum: float = DEFAULT_MOMENTUM
+    momentum: float | None = None
+    """None: the coordinator's default for the algorithm (0.9, or 0 for SCAFFOLD)."""
+    algorithm: str = "fedavg"
+    aggregator: str = "mean"
     batch_size: int | None = None
     deadline_s: float = 30.0
     seed: int = 0
@@ -114,7 +131,7 @@ def coordinator_settings(config: DemoConfig) -> dict[str, Any]:
     return {
         "rounds": config.rounds, "local_epochs": config.local_epochs, "learning_rate": config.learning_rate,
         "momentum": config.momentum, "batch_size": config.batch_size, "round_deadline_s": config.deadline_s,
-        "seed": config.seed, "init_seed": config.seed,
+        "seed": config.seed, "init_seed": config.seed, "algorithm": config.algorithm, "aggregator": config.aggregator,
         # The whole fleet joins before round 1, so every family bootstraps from all its agents.
         "min_available_agents": config.agents, "min_fit_agents": min(2, config.agents),
         "agent_timeout_s": max(90.0, 3 * config.deadline_s), "over_selection": config.over_selection,
@@ -284,7 +301,11 @@ def demo(
     out: Path | None = typer.Option(None, "--out", help="run directory [default: runs/demo-<timestamp>]"),
     local_epochs: int = typer.Option(DEFAULT_LOCAL_EPOCHS, "--local-epochs", min=1),
     learning_rate: float = typer.Option(DEFAULT_LEARNING_RATE, "--learning-rate", min=1e-6),
-    momentum: float = typer.Option(DEFAULT_MOMENTUM, "--momentum", min=0.0, max=0.999),
+    momentum: float | None = typer.Option(None, "--momentum", min=0.0, max=0.999,
+                                          help="local SGD momentum [default: 0.9, or 0 for scaffold]"),
+    algorithm: Algorithm = typer.Option(Algorithm.fedavg, "--algorithm", help="federated algorithm"),
+    aggregator: AggregatorKind = typer.Option(AggregatorKind.mean, "--aggregator",
+                                              help="how updates are combined (robust rules: median, trimmed_mean)"),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="default: each device profile's"),
     deadline: float = typer.Option(30.0, "--deadline", min=1.0, max=86_400.0, help="round deadline in seconds"),
     seed: int = typer.Option(0, "--seed", min=0, help="data split, model init and selection seed"),
@@ -319,7 +340,7 @@ def demo(
                         momentum=momentum, batch_size=batch_size, deadline_s=deadline, seed=seed, timeout_s=timeout,
                         devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy,
                         stragglers=stragglers, over_selection=over_selection,
-                        dp_epsilon=dp_epsilon)
+                        dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:

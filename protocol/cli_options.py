@@ -32,7 +32,7 @@ def _is_bool(annotation: Any) -> bool:
 
 def _choices(annotation: Any) -> str:
     if typing.get_origin(annotation) is typing.Literal:
-        return " [" + "|".join(str(a) for a in typing.get_args(annotation)) + "]"
+        return " (one of " + ", ".join(str(a) for a in typing.get_args(annotation)) + ")"
     return ""
 
 
@@ -45,7 +45,8 @@ def settings_command(cls: type[S], run: Callable[[S], int]) -> Callable[..., Non
     )]
     for name, field in cls.model_fields.items():
         flag = "--" + name.replace("_", "-")
-        help_text = f"{field.description or ''}{_choices(field.annotation)} [env {prefix}{name.upper()}]".strip()
+        # Parentheses, not brackets: typer renders help through rich, which takes [..] for markup.
+        help_text = f"{field.description or ''}{_choices(field.annotation)} (env {prefix}{name.upper()})".strip()
         if _is_bool(field.annotation):
             option = typer.Option(None, f"{flag}/--no-{name.replace('_', '-')}", help=help_text, show_default=False)
             annotation: Any = Optional[bool]  # noqa: UP045

@@ -56,6 +56,10 @@ class BrokerAddress:
             password=unquote(parts.password) if parts.password else None,
         )
 
+    def with_credentials(self, username: str | None, password: str | None) -> BrokerAddress:
+        """This address, with credentials given apart (settings, a Secret) winning over the URL's."""
+        return BrokerAddress(self.host, self.port, self.tls, username or self.username, password or self.password)
+
     def __str__(self) -> str:  # never print the password
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
