@@ -9,7 +9,6 @@ import torch
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion, build_attack
-from edge_agent.attacks import Collusion, build_attack
 from edge_agent.config import AgentSettings
 from edge_agent.data.local import LocalData, build_local_data
 from edge_agent.profiles import get_profile

@@ -85,7 +85,7 @@ class Strategy(ABC):
         """Algorithm hyper-parameters announced with the round."""
         return {}
 
-    def begin_round(self, round_number: int) -> None:
+    def begin_round(self, round_number: int) -> None:  # noqa: B027 (an optional hook)
         """Called when a round opens, before any of its updates is checked."""
 
     def check_update(self, update: Update) -> None:

@@ -188,13 +188,13 @@ def test_fedavg_bootstraps_and_steps_with_any_aggregator(name: str) -> None:
     strategy = FedAvg(aggregator, server_learning_rate=0.5)
     weights = [{"w": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(5)]
     samples = [10, 20, 30, 40, 50]
-    strategy.aggregate(0, [make_update(f"a{i}", 0, s, weights=w) for i, (w, s) in enumerate(zip(weights, samples))])
+    strategy.aggregate(0, [make_update(f"a{i}", 0, s, weights=w) for i, (w, s) in enumerate(zip(weights, samples, strict=True))])
     start = strategy.states["cnn"]
     np.testing.assert_array_equal(start.weights["w"], aggregator(weights, [float(s) for s in samples])["w"])
 
     deltas = [{"w": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(5)]
     strategy.aggregate(1, [make_update(f"a{i}", 1, s, delta=d, base=start.digest)
-                           for i, (d, s) in enumerate(zip(deltas, samples))])
+                           for i, (d, s) in enumerate(zip(deltas, samples, strict=True))])
     step = aggregator(deltas, [float(s) for s in samples])["w"].astype(np.float64)
     expected = (start.weights["w"].astype(np.float64) + 0.5 * step).astype(np.float32)
     np.testing.assert_array_equal(strategy.states["cnn"].weights["w"], expected)

@@ -146,7 +146,7 @@ def test_state_round_trips_and_bad_state_is_refused() -> None:
 def test_an_agent_far_from_the_global_prototypes_is_flagged(caplog: pytest.LogCaptureFixture) -> None:
     ones = np.ones((CLASSES, DIM), np.float32)
     updates = [proto_update(a, ones, np.ones(CLASSES)).model_copy(
-        update={"metrics": TrainMetrics(extra={"proto_distance": d})}) for a, d in zip("abcd", (0.4, 0.5, 0.6, 2.5))]
+        update={"metrics": TrainMetrics(extra={"proto_distance": d})}) for a, d in zip("abcd", (0.4, 0.5, 0.6, 2.5), strict=True)]
     with caplog.at_level("INFO", logger="coordinator.strategies.fedproto"):
         assert report_drift(3, updates) == ["d"]
     assert "median 0.550, max 2.500 (d)" in caplog.text and "prototypes of d lie over 3x" in caplog.text

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import struct
 import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -13,68 +11,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.arrays import check_layout, layout_of
 from protocol.codec import EXT_NDARRAY, decode, encode
 from protocol.errors import ProtocolError, Reason
 from protocol.limits import DecodeLimits
-from protocol.messages import AgentStatus, Chunk, GlobalState, Update
-from protocol.version import SCHEMA_VERSION
-from protocol.wire import decode_message, encode_message
+from protocol.messages import Update
+from protocol.wire import decode_message
 
+from .malformed_cases import (
+    VALID_UPDATE,
+    check_helpers_build_valid_messages,
+    ext_array,
+    ext_with_code,
+    packb_update,
+    reason_of,
+)
 from .wire_strategies import assert_same_message, sample_update
 
 FUZZ = settings(deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 
 
-def reason_of(call: Callable[[], Any]) -> Reason:
-    """Run ``call``; it must raise ProtocolError (and nothing else). Return the reason."""
-    with pytest.raises(ProtocolError) as info:
-        call()
-    return info.value.reason
-
-
-def ext_array(dtype: bytes, dims: tuple[int, ...], data: bytes, ndim: int | None = None) -> msgpack.ExtType:
-    """A hand-made array ext value; ``ndim`` may lie about ``len(dims)``."""
-    head = bytes([len(dims) if ndim is None else ndim, len(dtype), 0]) + dtype
-    head += b"".join(struct.pack("<Q", d) for d in dims)
-    return msgpack.ExtType(EXT_NDARRAY, head + data)
-
-
-def ext_with_code(code: int, data: bytes) -> bytes:
-    """msgpack's framing of an ext value with any signed type code (ExtType allows 0..127 only)."""
-    framed = bytearray(msgpack.packb(msgpack.ExtType(0, data)))
-    framed[len(framed) - len(data) - 1] = code & 0xFF
-    return bytes(framed)
-
-
-def update_dict(**overrides: Any) -> dict[str, Any]:
-    """A valid Update as plain data, with fields replaced: encode it with msgpack or our codec."""
-    data = sample_update().model_dump(mode="python")
-    data.update(overrides)
-    return data
-
-
-def packb_update(**overrides: Any) -> bytes:
-    """msgpack's own packing (ExtType values allowed) of an update dict."""
-    def convert(value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            little = value.astype(value.dtype.newbyteorder("<")) if value.dtype.byteorder == ">" else value
-            return ext_array(little.dtype.str.encode(), little.shape, np.ascontiguousarray(little).tobytes())
-        if isinstance(value, dict):
-            return {k: convert(v) for k, v in value.items()}
-        return value
-
-    return msgpack.packb(convert(update_dict(**overrides)), use_bin_type=True)
-
-
-VALID_UPDATE = encode_message(sample_update())
-
-
 def test_the_helpers_build_valid_messages() -> None:
     # Guards every test below: they differ from a valid message only in what they break.
-    assert_same_message(sample_update(), decode_message(VALID_UPDATE, expect=Update))
-    assert_same_message(sample_update(), decode_message(packb_update(), expect=Update))
-    assert_same_message(sample_update(), decode_message(encode(update_dict()), expect=Update))
+    check_helpers_build_valid_messages()
 
 
 # ---------------------------------------------------------------------------- bytes
@@ -82,7 +40,7 @@ def test_the_helpers_build_valid_messages() -> None:
 
 def test_every_prefix_of_a_valid_update_is_malformed() -> None:
     for end in range(len(VALID_UPDATE)):
-        assert reason_of(lambda: decode_message(VALID_UPDATE[:end])) is Reason.MALFORMED, end
+        assert reason_of(lambda: decode_message(VALID_UPDATE[:end])) is Reason.MALFORMED, end  # noqa: B023 (called at once)
 
 
 def test_trailing_bytes_are_malformed() -> None:
@@ -196,7 +154,7 @@ def test_absurd_dimensions_never_escape_as_other_errors(dims: tuple[int, ...]) -
     payload = msgpack.packb(ext_array(b"<f4", dims, b""))
     lax = DecodeLimits(max_array_elements=2**62, max_total_elements=2**62)
     for limits in (DecodeLimits(), lax):
-        assert reason_of(lambda: decode(payload, limits)) in (Reason.TOO_MANY_ELEMENTS, Reason.MALFORMED)
+        assert reason_of(lambda: decode(payload, limits)) in (Reason.TOO_MANY_ELEMENTS, Reason.MALFORMED)  # noqa: B023
 
 
 def test_total_elements_over_the_limit_across_arrays() -> None:
@@ -281,199 +239,3 @@ def test_msgpack_timestamps_are_an_unknown_extension(length: int) -> None:
 
 def test_timestamps_of_invalid_length_are_rejected() -> None:
     assert reason_of(lambda: decode(ext_with_code(-1, b"\0" * 5))) in (Reason.MALFORMED, Reason.UNKNOWN_EXTENSION)
-
-
-# ---------------------------------------------------------------------------- schema
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        pytest.param({"round": "3"}, id="round-as-string"),
-        pytest.param({"round": 3.0}, id="round-as-float"),
-        pytest.param({"round": -1}, id="negative-round"),
-        pytest.param({"round": 10_000_001}, id="round-too-large"),
-        pytest.param({"num_samples": -1}, id="negative-samples"),
-        pytest.param({"num_samples": True}, id="bool-as-int"),
-        pytest.param({"agent_id": "bad/id"}, id="slash-in-id"),
-        pytest.param({"agent_id": "a+"}, id="wildcard-in-id"),
-        pytest.param({"agent_id": ""}, id="empty-id"),
-        pytest.param({"agent_id": "a" * 65}, id="id-too-long"),
-        pytest.param({"agent_id": "abc\n"}, id="trailing-newline-id"),
-        pytest.param({"agent_id": b"agent-0"}, id="id-as-bytes"),
-        pytest.param({"task": "sleep"}, id="unknown-task"),
-        pytest.param({"base_digest": "XYZ"}, id="bad-digest"),
-        pytest.param({"delta": {"w": [1.0, 2.0]}}, id="list-as-array"),
-        pytest.param({"delta": [1.0]}, id="list-as-arrays"),
-        pytest.param({"delta": {"w": 1.0}}, id="float-as-array"),
-        pytest.param({"metrics": 5}, id="metrics-as-int"),
-        pytest.param({"metrics": {"steps": -1}}, id="negative-steps"),
-        pytest.param({"metrics": {"train_accuracy": 1.5}}, id="accuracy-over-one"),
-        pytest.param({"metrics": {"surprise": 1}}, id="unknown-metric"),
-        pytest.param({"privacy": {"epsilon": 1.0, "delta": 1.0}}, id="delta-of-one"),
-        pytest.param({"surprise": 1}, id="unknown-field"),
-        pytest.param({"weights": {"w": np.ones(2, dtype="<f4")}}, id="weights-and-delta"),
-        pytest.param({"task": "evaluate"}, id="evaluation-with-payload"),
-        pytest.param({"prototypes": np.ones((2, 3), dtype="<f4")}, id="prototypes-without-counts"),
-        pytest.param({"prototypes": np.ones((2, 3), dtype="<f4"), "prototype_counts": np.ones(2, dtype="<i8")},
-                     id="prototypes-with-delta"),
-        pytest.param({"delta": {}, "control_delta": {"w": np.ones(2, dtype="<f4")}}, id="control-delta-alone"),
-        pytest.param({"delta": {}, "task": "evaluate", "control_delta": {"w": np.ones(2, dtype="<f4")}},
-                     id="evaluation-with-control-delta"),
-    ],
-)
-def test_wrong_field_types_and_values_are_schema_errors(overrides: dict[str, Any]) -> None:
-    assert reason_of(lambda: decode_message(encode(update_dict(**overrides)))) is Reason.SCHEMA
-
-
-@pytest.mark.parametrize("field", ["run_id", "agent_id", "round", "task", "family", "num_samples", "metrics",
-                                   "base_digest"])
-def test_missing_fields_are_schema_errors(field: str) -> None:
-    data = update_dict()
-    del data[field]
-    assert reason_of(lambda: decode_message(encode(data))) is Reason.SCHEMA
-
-
-@pytest.mark.parametrize("value", [None, 1, 1.5, "update", b"x", [1, 2], np.zeros(3)])
-def test_top_level_must_be_a_map(value: Any) -> None:
-    assert reason_of(lambda: decode_message(encode(value))) is Reason.SCHEMA
-
-
-@pytest.mark.parametrize("version", [0, 2, -1, 2**40, "1", None, [1]])
-def test_unsupported_schema_versions(version: Any) -> None:
-    assert reason_of(lambda: decode_message(encode(update_dict(v=version)))) is Reason.UNSUPPORTED_VERSION
-
-
-def test_missing_schema_version() -> None:
-    data = update_dict()
-    del data["v"]
-    assert reason_of(lambda: decode_message(encode(data))) is Reason.UNSUPPORTED_VERSION
-
-
-@pytest.mark.parametrize("kind", ["nope", "", "Update", 7, None, ["update"]])
-def test_unknown_kinds_are_schema_errors(kind: Any) -> None:
-    assert reason_of(lambda: decode_message(encode(update_dict(kind=kind)))) is Reason.SCHEMA
-
-
-def test_schema_is_checked_after_the_version() -> None:
-    assert reason_of(lambda: decode_message(encode({"v": SCHEMA_VERSION + 1, "kind": "nope"}))) is (
-        Reason.UNSUPPORTED_VERSION
-    )
-
-
-@pytest.mark.parametrize("expect", [AgentStatus, GlobalState, Chunk])
-def test_wrong_kind_when_another_is_expected(expect: type) -> None:
-    assert reason_of(lambda: decode_message(VALID_UPDATE, expect=expect)) is Reason.WRONG_KIND
-    assert isinstance(decode_message(VALID_UPDATE, expect=Update), Update)
-
-
-# ---------------------------------------------------------------------------- values
-
-
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8"])
-@pytest.mark.parametrize("field", ["delta", "weights", "control_delta"])
-def test_non_finite_arrays_are_rejected(bad: float, dtype: str, field: str) -> None:
-    array = np.ones((2, 3), dtype=dtype)
-    array[1, 2] = bad
-    overrides: dict[str, Any] = {field: {"w": array}}
-    if field == "weights":
-        overrides["delta"] = {}
-    assert reason_of(lambda: decode_message(encode(update_dict(**overrides)))) is Reason.NON_FINITE
-
-
-def test_non_finite_prototypes_are_rejected() -> None:
-    protos = np.ones((2, 3), dtype="<f4")
-    protos[0, 0] = np.nan
-    message = update_dict(prototypes=protos, prototype_counts=np.array([1, 2], dtype="<i8"), delta={})
-    assert reason_of(lambda: decode_message(encode(message))) is Reason.NON_FINITE
-
-
-def test_non_finite_global_weights_are_rejected() -> None:
-    weights = {"w": np.array([1.0, np.inf], dtype="<f4")}
-    message = {"v": 1, "kind": "global_state", "run_id": "r", "family": "f", "round": 0,
-               "digest": GlobalState.compute_digest(weights, {}, None, None), "weights": weights}
-    assert reason_of(lambda: decode_message(encode(message))) is Reason.NON_FINITE
-
-
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-def test_non_finite_metrics_are_rejected(bad: float) -> None:
-    metrics = {"train_loss": bad}
-    assert reason_of(lambda: decode_message(encode(update_dict(metrics=metrics)))) is Reason.NON_FINITE
-
-
-def test_integer_arrays_have_no_finiteness_to_check() -> None:
-    message = decode_message(encode(update_dict(delta={"n": np.array([2**63 - 1], dtype="<i8")})), expect=Update)
-    assert message.delta["n"][0] == 2**63 - 1
-
-
-@pytest.mark.parametrize(
-    ("prototypes", "counts"),
-    [
-        pytest.param(np.ones(3, dtype="<f4"), np.ones(3, dtype="<i8"), id="1d-prototypes"),
-        pytest.param(np.ones((2, 3, 1), dtype="<f4"), np.ones(2, dtype="<i8"), id="3d-prototypes"),
-        pytest.param(np.ones((2, 3), dtype="<i4"), np.ones(2, dtype="<i8"), id="integer-prototypes"),
-        pytest.param(np.ones((2, 3), dtype="<f4"), np.ones(3, dtype="<i8"), id="counts-too-long"),
-        pytest.param(np.ones((2, 3), dtype="<f4"), np.ones((2, 1), dtype="<i8"), id="counts-2d"),
-        pytest.param(np.ones((2, 3), dtype="<f4"), np.ones(2, dtype="<f4"), id="float-counts"),
-        pytest.param(np.ones((2, 3), dtype="<f4"), np.array([1, -1], dtype="<i8"), id="negative-count"),
-    ],
-)
-def test_prototypes_of_the_wrong_shape_are_bad_shape(prototypes: np.ndarray, counts: np.ndarray) -> None:
-    message = update_dict(prototypes=prototypes, prototype_counts=counts, delta={})
-    assert reason_of(lambda: decode_message(encode(message))) is Reason.BAD_SHAPE
-
-
-LAYOUT = layout_of(sample_update().delta)
-
-
-@pytest.mark.parametrize(
-    "delta",
-    [
-        pytest.param({"conv.weight": np.zeros((3, 2, 2), "<f4"), "conv.bias": np.zeros(3, "<f4")}, id="missing"),
-        pytest.param({**sample_update().delta, "extra": np.zeros(1, "<f4")}, id="extra"),
-        pytest.param({**sample_update().delta, "conv.bias": np.zeros(4, "<f4")}, id="longer"),
-        pytest.param({**sample_update().delta, "conv.bias": np.zeros((3, 1), "<f4")}, id="reshaped"),
-        pytest.param({**sample_update().delta, "conv.weight": np.zeros((2, 3, 2), "<f4")}, id="permuted"),
-        pytest.param({**sample_update().delta, "conv.bias": np.zeros(3, "<f8")}, id="wider-dtype"),
-        pytest.param({**sample_update().delta, "steps": np.array([7], "<i8")}, id="0d-as-1d"),
-        pytest.param({**sample_update().delta, "steps": np.array(7, "<i4")}, id="narrower-int"),
-    ],
-)
-def test_layout_mismatch_after_decoding_is_bad_shape(delta: dict[str, np.ndarray]) -> None:
-    message = decode_message(encode_message(sample_update(delta=delta)), expect=Update)
-    assert reason_of(lambda: check_layout(message.delta, LAYOUT, "delta")) is Reason.BAD_SHAPE
-
-
-def test_matching_layout_passes() -> None:
-    message = decode_message(VALID_UPDATE, expect=Update)
-    check_layout(message.delta, LAYOUT, "delta")
-
-
-def _global_state_dict() -> dict[str, Any]:
-    weights = {"w": np.arange(6, dtype="<f4").reshape(2, 3), "n": np.array(3, dtype="<i8")}
-    digest = GlobalState.compute_digest(weights, {}, None, None)
-    return GlobalState(run_id="run", family="cnn", round=4, digest=digest, weights=weights).model_dump()
-
-
-def test_global_state_with_a_wrong_digest() -> None:
-    data = _global_state_dict()
-    assert isinstance(decode_message(encode(data), expect=GlobalState), GlobalState)
-    wrong = {**data, "digest": "f" * 32 if data["digest"] != "f" * 32 else "e" * 32}
-    assert reason_of(lambda: decode_message(encode(wrong))) is Reason.DIGEST_MISMATCH
-
-
-@pytest.mark.parametrize(
-    "tamper",
-    [
-        pytest.param(lambda d: {**d, "weights": {**d["weights"], "w": d["weights"]["w"] + 1}}, id="value"),
-        pytest.param(lambda d: {**d, "weights": {**d["weights"], "w": d["weights"]["w"].reshape(3, 2)}}, id="shape"),
-        pytest.param(lambda d: {**d, "weights": {**d["weights"], "w": d["weights"]["w"].astype("<f8")}}, id="dtype"),
-        pytest.param(lambda d: {**d, "weights": {"v": d["weights"]["w"], "n": d["weights"]["n"]}}, id="name"),
-        pytest.param(lambda d: {**d, "weights": {"n": d["weights"]["n"], "w": d["weights"]["w"]}}, id="order"),
-        pytest.param(lambda d: {**d, "control": {"w": d["weights"]["w"]}}, id="control"),
-        pytest.param(lambda d: {**d, "weights": {}, "control": d["weights"]}, id="group"),
-    ],
-)
-def test_global_state_with_tampered_content(tamper: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-    assert reason_of(lambda: decode_message(encode(tamper(_global_state_dict())))) is Reason.DIGEST_MISMATCH
