@@ -16,18 +16,14 @@ a benchmark is not a test. It exits 1 only if a decoded update differs from what
 from __future__ import annotations
 
 import argparse
-import gc
 import pickle
 import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import msgpack
 import numpy as np
+from timing import median_seconds
 
 from protocol.codec import decode
 from protocol.messages import TrainMetrics, Update
@@ -62,23 +58,6 @@ def make_update(arrays: dict[str, np.ndarray]) -> Update:
         num_samples=1000, delta=arrays,
         metrics=TrainMetrics(train_loss=0.5, train_accuracy=0.8, duration_s=12.5, steps=100),
     )
-
-
-def median_seconds(operations: dict[str, Callable[[], Any]], repetitions: int) -> dict[str, float]:
-    """Median wall time of each operation, taking turns (one run of each per repetition) so that
-    a busy moment on the machine falls on all of them alike; each result is dropped before the
-    next run starts."""
-    times: dict[str, list[float]] = {name: [] for name in operations}
-    for operation in operations.values():
-        operation()  # warm-up
-    for _ in range(repetitions):
-        for name, operation in operations.items():
-            gc.collect()
-            start = time.perf_counter()
-            result = operation()
-            times[name].append(time.perf_counter() - start)
-            del result
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 @dataclass

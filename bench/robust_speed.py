@@ -15,14 +15,13 @@ References, all measured in the same run as ours:
 from __future__ import annotations
 
 import gc
-import statistics
-import time
 import tracemalloc
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from timing import median_seconds
 
 from coordinator.aggregation import coordinate_median, krum, multi_krum, trimmed_mean, weighted_mean
 
@@ -73,21 +72,6 @@ def sum_in_place(updates: list[dict[str, np.ndarray]], dtype: type) -> dict[str,
         for name, value in update.items():
             np.add(acc[name], value, out=acc[name])
     return acc
-
-
-def median_seconds(operations: dict[str, Callable[[], Any]], repetitions: int) -> dict[str, float]:
-    """Median wall time of each operation, taking turns so a busy moment hits all alike."""
-    times: dict[str, list[float]] = {name: [] for name in operations}
-    for operation in operations.values():
-        operation()  # warm-up
-    for _ in range(repetitions):
-        for name, operation in operations.items():
-            gc.collect()
-            start = time.perf_counter()
-            result = operation()
-            times[name].append(time.perf_counter() - start)
-            del result
-    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def peak_bytes(operation: Callable[[], Any]) -> int:
