@@ -13,9 +13,17 @@ source "$venv/bin/activate"
 stamp="$venv/.installed-$extra-$(sha1sum "$root/pyproject.toml" | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   python -m pip install -q --upgrade pip
-  # torch first, pinned: the CPU build (the agent needs no more); a bare `torch`
-  # requirement would pull a multi-GB CUDA build on some machines.
-  python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
+  # torch first, pinned, from the default index (PyPI, or whatever pip is configured with).
+  # On Linux x86_64 PyPI's torch wheel is the multi-GB CUDA build; the agent needs only the
+  # CPU one. Set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu to install that build
+  # instead (it is not the default: CI and some machines reach only PyPI).
+  if ! python -c "import torch" 2>/dev/null; then
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+      python -m pip install -q "torch==2.13.0" --index-url "$TORCH_INDEX_URL"
+    else
+      python -m pip install -q "torch==2.13.0"
+    fi
+  fi
   python -m pip install -q -e "$root[$extra]"
   touch "$stamp"
 fi
