@@ -2,15 +2,15 @@
 
     python bench/robust.py                 # both tables (about 15 minutes on a busy 2-core machine)
     python bench/robust.py --part speed    # speed only: n = 50 updates of 1M float32
-    python bench/robust.py --quick         # a tiny grid and n = 20 x 200k: well under a minute or two, for CI
+    python bench/robust.py --quick         # a tiny grid and n = 20 x 200k: a minute or two, for CI
 
 (a) Accuracy on digits through the real round engine: a Mosquitto broker started here, the
 coordinator and 10 agents (phone profile, mlp_tiny, IID shares of the digits training pool)
 on threads of this process; 0, 10, 20 and 30% attackers of each kind x each aggregator,
 FedAvg's plain mean included. The robust rules are configured for the worst case, f = 3 of
 10 (trimmed mean beta = 0.3, Multi-Krum m = n - f = 7), whatever the actual attackers.
-Goal: with 20% sign-flip or scaling attackers, median, trimmed mean and Krum within 3
-points of the clean run.
+Goal: with 20% sign-flip or scaling attackers, median, trimmed mean and Krum each within 3
+points of both its own clean run and the clean run of FedAvg's plain mean.
 
 (b) Speed at n = 50 updates of 1M float32 parameters, every time a median of several runs
 taking turns with its reference (see robust_speed.py). Goals: Krum >= 10x faster than a
