@@ -51,8 +51,8 @@ from edge_agent.data.partition import make_partition
 from edge_agent.models import build_model
 from edge_agent.privacy.dp_training import RoundShape
 from edge_agent.training import evaluate
-from edge_agent.weights import set_arrays
 from launcher.broker import MosquittoBroker
+from launcher.evaluate import score_weights
 from launcher.inprocess import run_federation
 
 GOAL_POINTS = 5.0
@@ -168,10 +168,8 @@ def measure(broker_url: str, epsilon: float | None, rounds: int, repeats: int, w
     result = Result(epsilon, [], [], None, None, None, None, 0.0)
     for repetition in range(repeats):  # DP noise differs every run: one run is one draw
         weights, reported, sigma = run_federated(broker_url, epsilon, rounds, workdir, repetition)
-        federated = build_model(FAMILY, test.in_shape, test.num_classes, seed=0)
-        set_arrays(federated, weights)
         central, central_epsilon, central_sigma = run_central(pool, shares, epsilon, rounds, seed=repetition)
-        result.federated.append(accuracy(federated, test))
+        result.federated.append(score_weights(FAMILY, weights, test).accuracy)
         result.central.append(accuracy(central, test))
         if reported is not None:
             result.agent_epsilon = max(reported, result.agent_epsilon or 0.0)

@@ -22,10 +22,8 @@ from coordinator.config import CoordinatorSettings
 from edge_agent.attacks import DEFAULT_SCALE, DEFAULT_Z, InProcessCollusion
 from edge_agent.config import AgentSettings
 from edge_agent.data.datasets import Dataset, load_dataset
-from edge_agent.models import build_model
-from edge_agent.training import evaluate
-from edge_agent.weights import set_arrays
 from launcher.broker import MosquittoBroker
+from launcher.evaluate import score_weights
 from launcher.inprocess import run_federation
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum")
@@ -138,9 +136,7 @@ def run_cell(plan: Plan, broker_url: str, workdir: Path, attack: str, attackers:
     accuracy = None
     if states:
         (family, state), = states.items()
-        model = build_model(family, test_set.in_shape, test_set.num_classes, seed=0)
-        set_arrays(model, state.weights)
-        accuracy = evaluate(model, test_set, torch.device("cpu")).accuracy
+        accuracy = score_weights(family, state.weights, test_set).accuracy
     admitted = sum(1 for agent in result.agents if agent.worker.attack is not None)
     return Cell(attack, attackers, aggregator, accuracy,
                 sum(1 for s in result.history if s.outcome == "completed"),

@@ -8,11 +8,18 @@ honest number to quote.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator.checkpoint import CheckpointStore
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from edge_agent.data.datasets import Dataset
+    from edge_agent.training import EvalResult
 
 
 @dataclass(frozen=True)
@@ -55,27 +62,32 @@ def load_family_weights(state_dir: Path) -> dict[str, tuple[int, dict[str, Any]]
     return {name: (int(state["round"]), state["weights"]) for name, state in families.items() if state["weights"]}
 
 
+def score_weights(family: str, weights: Mapping[str, np.ndarray], test: Dataset) -> EvalResult:
+    """``family``'s model holding ``weights``, scored (accuracy and loss) on ``test`` on the CPU."""
+    import torch  # only here: the launcher's other parts stay light
+
+    from edge_agent.models import build_model
+    from edge_agent.training import evaluate
+    from edge_agent.weights import set_arrays
+
+    model = build_model(family, test.in_shape, test.num_classes, seed=0)  # the seed is overwritten below
+    set_arrays(model, weights)
+    return evaluate(model, test, torch.device("cpu"))
+
+
 def central_evaluation(state_dir: Path, agent_families: list[str], *, data: str = "digits",
                        data_seed: int = 0) -> CentralEvaluation:
     """Evaluate every family's global model from ``state_dir`` on the test split of ``data``.
 
     ``agent_families`` lists each agent's family (one entry per agent) for the overall figure.
     """
-    import torch  # only here: the launcher's other parts stay light
-
     from edge_agent.data.datasets import load_dataset
-    from edge_agent.models import build_model
-    from edge_agent.training import evaluate
-    from edge_agent.weights import set_arrays
 
     _, test = load_dataset(data, seed=data_seed)
     counts = Counter(agent_families)
-    device = torch.device("cpu")
     results: dict[str, FamilyEvaluation] = {}
     for family, (round_number, weights) in sorted(load_family_weights(state_dir).items()):
-        model = build_model(family, test.in_shape, test.num_classes, seed=0)  # the seed is overwritten below
-        set_arrays(model, weights)
-        scored = evaluate(model, test, device)
+        scored = score_weights(family, weights, test)
         results[family] = FamilyEvaluation(family, scored.accuracy, scored.loss, counts.get(family, 0),
                                            max(round_number - 1, 0))
     weighted = [(r.accuracy, r.agents) for r in results.values() if r.agents]

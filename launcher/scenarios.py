@@ -31,6 +31,7 @@ from edge_agent.prototypes import embed_all, nearest_prototype
 from edge_agent.state import AgentStateDir
 from edge_agent.training import evaluate, train_local
 from edge_agent.weights import set_arrays
+from launcher.evaluate import score_weights
 from launcher.inprocess import run_federation
 from protocol.messages import LocalTraining
 
@@ -167,9 +168,7 @@ class _GlobalScore:
         if len(states) != 1:
             raise ValueError(f"global scoring expects one model family, the run has {sorted(states)}")
         family, state = next(iter(states.items()))
-        model = build_model(family, self.test.in_shape, self.test.num_classes, seed=0)
-        set_arrays(model, state.weights)
-        self.curves["accuracy"].append(evaluate(model, self.test, CPU).accuracy)
+        self.curves["accuracy"].append(score_weights(family, state.weights, self.test).accuracy)
 
 
 class _PersonalScore:
