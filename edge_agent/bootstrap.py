@@ -11,6 +11,7 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion, build_attack
 from edge_agent.config import AgentSettings
 from edge_agent.data.local import LocalData, build_local_data
+from edge_agent.models import FAMILIES, build_model
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.worker import LocalWorker
@@ -41,6 +42,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
         eval_fraction=settings.eval_fraction,
     )
     family = settings.family or profile.family
+    if family not in FAMILIES:  # settings cannot know the families (it imports no torch): check at start
+        raise ValueError(f"family {family!r} is not a model family; known: {', '.join(FAMILIES)}")
     device = profile.torch_device()
     privacy = _private_trainer(settings, family, data, state)
     worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state, privacy, attack)
@@ -62,7 +65,7 @@ def _private_trainer(settings: AgentSettings, family: str, data: LocalData, stat
     """DP-SGD and the budget saved in the state dir, after checking the model can be trained with it."""
     if not settings.dp:
         return None
-    from edge_agent.models import build_model  # Opacus loads only for agents with dp on
+    # Opacus loads only for agents with dp on.
     from edge_agent.privacy.compat import check_dp_compatible
     from edge_agent.privacy.config import DPConfig
     from edge_agent.privacy.trainer import PrivateTrainer

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from edge_agent.algorithms import RoundContext, build_client_algorithm
 from edge_agent.attacks import Attack, AttackContext, forge_payload
@@ -17,8 +18,10 @@ from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from edge_agent.training import evaluate, train_local
 from edge_agent.weights import get_arrays
+from protocol.arrays import all_finite
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, PrivacySpent, RoundAnnouncement, TrainMetrics, Update
+from protocol.wire import protocol_error
 
 if TYPE_CHECKING:
     from edge_agent.privacy.trainer import PrivateTrainer
@@ -26,12 +29,13 @@ if TYPE_CHECKING:
 
 def check_finite(what: str, losses: list[float], payload: Mapping[str, object] | None = None) -> None:
     """Raise NON_FINITE if training diverged: a global state that does this is unusable, and an
-    update carrying NaN would be rejected anyway. The agent skips the round; it does not die."""
+    update carrying NaN would be rejected anyway. The agent skips the round (and keeps none of
+    its state, see ``ClientAlgorithm.commit``); it does not die."""
     if not all(math.isfinite(x) for x in losses):
         raise ProtocolError(Reason.NON_FINITE, f"{what}: non-finite loss; skipping the round")
     for part in (payload or {}).values():
         for array in part.values() if isinstance(part, Mapping) else [part]:
-            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not np.isfinite(array).all():
+            if isinstance(array, np.ndarray) and array.dtype.kind == "f" and not all_finite(array):
                 raise ProtocolError(Reason.NON_FINITE, f"{what}: diverged to non-finite weights; skipping the round")
 
 
@@ -97,10 +101,15 @@ class LocalWorker:
             payload = forge_payload(self.attack, payload, init, attack_context)
             extra.update(self.attack.report())
         private = self.privacy is not None
-        metrics = TrainMetrics(
-            eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
-            # Loss and accuracy on the training records are not covered by DP-SGD: not sent under DP.
-            train_loss=None if private else result.loss, train_accuracy=None if private else result.accuracy,
-            duration_s=result.duration_s, steps=result.steps, extra=extra,
-        )
-        return Update(**common, metrics=metrics, privacy=self.privacy_spent(), **payload)
+        try:
+            metrics = TrainMetrics(
+                eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
+                # Loss and accuracy on the training records are not covered by DP-SGD: not sent under DP.
+                train_loss=None if private else result.loss, train_accuracy=None if private else result.accuracy,
+                duration_s=result.duration_s, steps=result.steps, extra=extra,
+            )
+            update = Update(**common, metrics=metrics, privacy=self.privacy_spent(), **payload)
+        except ValidationError as exc:  # e.g. a NaN metric: the same verdict the coordinator would give
+            raise protocol_error(exc) from None
+        algorithm.commit()
+        return update

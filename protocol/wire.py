@@ -56,10 +56,11 @@ def decode_message(
     try:
         return cls.model_validate(obj)
     except ValidationError as exc:
-        raise _protocol_error(exc) from None
+        raise protocol_error(exc) from None
 
 
-def _protocol_error(exc: ValidationError) -> ProtocolError:
+def protocol_error(exc: ValidationError) -> ProtocolError:
+    """The ProtocolError for a message model's validation failure (NaN/Inf, shape, digest, schema)."""
     errors = exc.errors(include_url=False, include_input=False)
     for error in errors:
         reason = _REASON_BY_ERROR_TYPE.get(error["type"])

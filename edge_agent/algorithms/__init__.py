@@ -10,6 +10,7 @@ from edge_agent.algorithms.fedproto import FedProtoClient
 from edge_agent.algorithms.fedprox import FedProxClient
 from edge_agent.algorithms.scaffold import ScaffoldClient
 from edge_agent.state import AgentStateDir
+from protocol.errors import ProtocolError, Reason
 
 CLIENT_ALGORITHMS: dict[str, type[ClientAlgorithm]] = {
     cls.name: cls for cls in (FedAvgClient, FedProxClient, ScaffoldClient, FedProtoClient)
@@ -18,8 +19,8 @@ CLIENT_ALGORITHMS: dict[str, type[ClientAlgorithm]] = {
 
 def build_client_algorithm(name: str, params: Mapping[str, float | int | bool], state: AgentStateDir,
                            context: RoundContext) -> ClientAlgorithm:
-    if name not in CLIENT_ALGORITHMS:
-        raise ValueError(f"this agent does not implement algorithm {name!r}")
+    if name not in CLIENT_ALGORITHMS:  # a round this agent cannot answer: it skips it, it does not die
+        raise ProtocolError(Reason.SCHEMA, f"this agent does not implement algorithm {name!r}")
     return CLIENT_ALGORITHMS[name](params, state, context)
 
 

@@ -1,10 +1,12 @@
 """Hooks through which an algorithm shapes local training and the update it produces.
 
 Per round the worker calls ``load`` (put the round's starting weights into the model: the
-global ones, or FedProto's personal model), ``metrics`` on the held-out data, and for a
-training round ``check_plan``, ``begin``, then per batch ``extra_loss`` (added to
-cross-entropy) and ``after_backward`` (edits gradients), and finally ``payload`` for the
-fields of the update and ``metrics`` again.
+global ones, or FedProto's personal model). An evaluation round then asks ``metrics`` of that
+model. A training round calls ``check_plan``, ``begin``, then per batch ``extra_loss`` (added
+to cross-entropy) and ``after_backward`` (edits gradients), then ``payload`` for the fields of
+the update, ``metrics`` of the trained model, and, once the update has passed validation,
+``commit`` to make the round's durable state stick. ``payload`` itself must write nothing: a
+round that diverges is dropped and must not leave its state behind.
 
 ``extra_loss`` terms depend on the batch (FedProto's alignment); ``after_backward`` edits are
 data-independent (FedProx's proximal gradient, SCAFFOLD's correction), so under DP-SGD they
@@ -96,14 +98,21 @@ class ClientAlgorithm:
 
     def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:
         """Update fields: ``delta`` from the global weights, or ``weights`` when bootstrapping."""
-        local = get_arrays(model)
-        if self.base is None:
-            return {"weights": local}
-        return {"delta": subtract(local, self.base)}
+        return model_fields(get_arrays(model), self.base)
 
     def metrics(self, model: FedModel, held_out: Dataset) -> dict[str, float]:
         """Extra metrics of ``model`` (reported in ``TrainMetrics.extra``)."""
         return {}
+
+    def commit(self) -> None:
+        """Persist what this round changed on the device (SCAFFOLD's variate, FedProto's personal
+        model); called only for an update that is about to be sent."""
+        return None
+
+
+def model_fields(trained: dict[str, np.ndarray], base: dict[str, np.ndarray] | None) -> dict[str, Any]:
+    """``{"delta": trained - base}``, or ``{"weights": trained}`` when bootstrapping (no base)."""
+    return {"weights": trained} if base is None else {"delta": subtract(trained, base)}
 
 
 def parameter_names(model: torch.nn.Module) -> list[str]:

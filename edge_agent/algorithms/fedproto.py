@@ -99,7 +99,7 @@ class FedProtoClient(ClientAlgorithm):
         return self.params.lam * F.mse_loss(z[aligned], self.global_prototypes[labels[aligned]])
 
     def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:
-        self.state.write_arrays(self.state_name, get_arrays(model))
+        self._personal = get_arrays(model)
         embeddings, _ = embed_all(model, train, self.context.device, self.params.normalize)
         if self.prototype_release is not None:  # under DP: clipped, noised and accounted
             prototypes, counts = self.prototype_release.release(
@@ -111,6 +111,9 @@ class FedProtoClient(ClientAlgorithm):
             prototypes, counts = class_prototypes(embeddings, train.y, train.num_classes, self.params.normalize)
         self.local = (prototypes, counts)
         return {"prototypes": prototypes, "prototype_counts": counts}
+
+    def commit(self) -> None:
+        self.state.write_arrays(self.state_name, self._personal)
 
     def metrics(self, model: FedModel, held_out: Dataset) -> dict[str, float]:
         out: dict[str, float] = {}

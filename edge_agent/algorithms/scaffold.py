@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_agent.algorithms.base import ClientAlgorithm, parameter_names
+from edge_agent.algorithms.base import ClientAlgorithm, model_fields, parameter_names
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.training import TrainResult
@@ -56,9 +56,8 @@ class ScaffoldClient(ClientAlgorithm):
                                                f"the round asks {plan.momentum}")
 
     def begin(self, model: FedModel, global_state: GlobalState | None) -> None:
-        super().begin(model, global_state)
-        self.bootstrap = global_state is None
         self.start = get_arrays(model)
+        self.base = None if global_state is None else self.start
         params = {name: self.start[name] for name in parameter_names(model)}
         self.server_control = self._server_control(global_state, params)
         self.control = self.load_control(params)
@@ -79,10 +78,11 @@ class ScaffoldClient(ClientAlgorithm):
                 continue
             drift = (self.start[name].astype(np.float64) - trained[name]) / (result.steps * plan.learning_rate)
             updated[name] = (c_i.astype(np.float64) - self.server_control[name] + drift).astype(c_i.dtype)
-        self.save_control(self.control, updated)
-        fields: dict[str, Any] = {"weights": trained} if self.bootstrap else {"delta": subtract(trained, self.start)}
-        fields["control_delta"] = subtract(updated, self.control)
-        return fields
+        self._pending = (self.control, updated)
+        return {**model_fields(trained, self.base), "control_delta": subtract(updated, self.control)}
+
+    def commit(self) -> None:
+        self.save_control(*self._pending)
 
     # -- the variates ---------------------------------------------------------------------
     @staticmethod

@@ -77,6 +77,7 @@ def local_round(algorithm: str, agent: int, round_number: int, strategy: Strateg
     model.steps_seen += STEPS
     result = TrainResult(loss=loss.item(), accuracy=0.0, steps=STEPS, duration_s=0.0)
     payload = client.payload(model, None, result, plan)  # type: ignore[arg-type]  # the data is not needed
+    client.commit()
     return Update(run_id=RUN, agent_id=f"agent-{agent}", round=round_number, task="train", family=FAMILY,
                   base_digest=message.digest if message is not None else None, num_samples=len(x),
                   metrics=TrainMetrics(train_loss=loss.item()), **payload)
