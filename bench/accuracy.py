@@ -48,10 +48,11 @@ from typing import Any
 
 import torch
 
+from edge_agent.models import EMBED_DIM
 from launcher.broker import MosquittoBroker
 from launcher.scenarios import FleetConfig, ScenarioResult, TrainConfig, centralised, federated
 
-CLASSES, EMBED_DIM = 10, 64
+CLASSES = 10  # the digits
 PROTO_UPLOAD_TARGET = CLASSES * EMBED_DIM * 4  # bytes of one [classes, dim] float32 array
 
 GOAL_CENTRALISED = 0.98
@@ -313,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-accuracy-work-") as work:
         workdir = Path(work)
-        broker = MosquittoBroker(workdir=workdir / "broker").start()
-        try:
+        with MosquittoBroker(workdir=workdir / "broker") as broker:
             if args.tune:
                 return tune(plan, broker, workdir)
             print(f"accuracy benchmark ({'quick' if args.quick else 'full'}): digits, torch {torch.__version__}, "
@@ -322,8 +322,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{plan.proto_agents} agents x {plan.proto_rounds} rounds, batch {plan.batch_size}")
             started = time.perf_counter()
             rows = [run_row(spec, broker, workdir, plan) for spec in row_specs(plan, TUNED)]
-        finally:
-            broker.stop()
     verdicts = goals({row.spec.key: row for row in rows})
     print()
     print(render_table(rows, plan))

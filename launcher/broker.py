@@ -25,10 +25,20 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
+MOSQUITTO_FALLBACK = Path("/usr/sbin/mosquitto")
+"""Where Debian's package puts the binary: /usr/sbin is not on every user's PATH."""
+
+_Broker = TypeVar("_Broker", bound="LocalBroker")
+
+
+def mosquitto_binary() -> str | None:
+    """The ``mosquitto`` executable: on PATH, or Debian's /usr/sbin/mosquitto; None if neither."""
+    return shutil.which("mosquitto") or (str(MOSQUITTO_FALLBACK) if MOSQUITTO_FALLBACK.exists() else None)
 
 
 def free_port(host: str = HOST) -> int:
@@ -70,8 +80,9 @@ class LocalBroker:
     def stop(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def __enter__(self) -> LocalBroker:
-        return self.start()
+    def __enter__(self: _Broker) -> _Broker:
+        self.start()
+        return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
@@ -155,8 +166,7 @@ class MosquittoBroker(LocalBroker):
 
     def __init__(self, port: int | None = None, *, persistence: bool = False, workdir: Path | None = None,
                  binary: str | None = None, max_packet_bytes: int = 0) -> None:
-        found = binary or shutil.which("mosquitto") or ("/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists()
-                                                        else None)
+        found = binary or mosquitto_binary()
         if found is None:
             raise BrokerError("the mosquitto binary is not installed (apt-get install mosquitto); "
                               "it is needed for this broker")

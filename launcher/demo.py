@@ -27,7 +27,7 @@ from edge_agent.stragglers import parse_delay
 from launcher import report
 from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoBroker
 from launcher.evaluate import CentralEvaluation, central_evaluation
-from launcher.fleet import DEVICES, Fleet, FleetSpec, default_fleet
+from launcher.fleet import DEVICES, FAMILY_OF, Fleet, FleetSpec, default_fleet
 from launcher.progress import ProgressView, fmt_accuracy, human_bytes, read_rounds
 
 # Tuned on a 2-core machine (6 agents, Dirichlet alpha=1.0, digits, seed 0):
@@ -328,7 +328,7 @@ def demo(
     """Run a federated training demo on this machine and write a report."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     kinds = [d.strip() for d in devices.split(",") if d.strip()]
-    unknown = sorted(set(kinds) - {"jetson", "rpi", "phone", "cpu"})
+    unknown = sorted(set(kinds) - set(FAMILY_OF))
     if unknown or not kinds:
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
     try:

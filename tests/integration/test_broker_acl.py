@@ -19,7 +19,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from launcher.broker import free_port, wait_for_port
+from launcher.broker import free_port, mosquitto_binary, wait_for_port
 from tests.chart import REPO
 from tests.integration.wire import WireRecorder, wait_until
 
@@ -40,7 +40,8 @@ class Broker:
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
     """deploy/mosquitto/mosquitto.conf with local paths, a free port and the ACL file as shipped."""
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    binary = mosquitto_binary()
+    assert binary is not None, "the mosquitto binary is not installed (apt-get install mosquitto)"
     passwd = tmp_path / "passwd"
     passwd.write_text("".join(f"{user}:{password}\n" for user, password in USERS.items()))
     subprocess.run([shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd", "-U", str(passwd)], check=True,
