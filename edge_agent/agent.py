@@ -40,6 +40,9 @@ from protocol.wire import decode_message, encode_message
 
 log = logging.getLogger(__name__)
 
+_STATE_LIMITS = DecodeLimits()
+"""Global states carry whole models: the default (large) bounds."""
+
 _SMALL = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
 
 
@@ -75,7 +78,6 @@ class EdgeAgent:
         heartbeat_s: float = 15.0,
         max_message_bytes: int = 0,
         exit_when_finished: bool = False,
-        state_limits: DecodeLimits | None = None,
         straggler: DelayModel = OFF,
         backoff: Backoff | None = None,
     ) -> None:
@@ -88,7 +90,6 @@ class EdgeAgent:
         self.heartbeat_s = heartbeat_s
         self.max_message_bytes = max_message_bytes
         self.exit_when_finished = exit_when_finished
-        self.state_limits = state_limits or DecodeLimits()
         self.straggler = straggler
         self.backoff = backoff
         self.session = secrets.token_hex(6)
@@ -96,7 +97,6 @@ class EdgeAgent:
         self.announcement: RoundAnnouncement | None = None
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
-        self.rounds_answered = 0
         self._reassembler = Reassembler(max_transfers=4)
         self._inbox: queue.Queue[tuple[str, str, bytes, bool]] = queue.Queue()
         self._link: MqttLink | None = None
@@ -210,12 +210,12 @@ class EdgeAgent:
         if not payload:
             self.global_states.pop(round_number, None)
             return
-        message = decode_message(payload, None, self.state_limits)
+        message = decode_message(payload, None, _STATE_LIMITS)
         if isinstance(message, Chunk):
             whole = self._reassembler.add("coordinator", message)
             if whole is None:
                 return
-            message = decode_message(whole, GlobalState, self.state_limits)
+            message = decode_message(whole, GlobalState, _STATE_LIMITS)
         if not isinstance(message, GlobalState) or message.round != round_number:
             log.warning("ignored a global state that does not match its topic")
             return
@@ -267,9 +267,8 @@ class EdgeAgent:
         self._publish_pieces(self.topics.update(self.agent_id, update.round), pieces)
         session = self.coordinator.session if self.coordinator is not None else None
         self._sent = SentUpdate(update.run_id, update.round, pieces, session)
-        self.rounds_answered += 1
         privacy = f", epsilon {update.privacy.epsilon:.4g}" if update.privacy is not None else ""
-        log.info("round %d (%s): sent %s, held-out accuracy of the global model %.3f%s", update.round, update.task,
+        log.info("round %d (%s): sent %s, held-out accuracy of the model the round started from %.3f%s", update.round, update.task,
                  "weights" if update.weights else "delta" if update.delta
                  else "prototypes" if update.prototypes is not None else "metrics",
                  update.metrics.eval_accuracy or 0.0, privacy)

@@ -71,6 +71,5 @@ def _private_trainer(settings: AgentSettings, family: str, data: LocalData, stat
     from edge_agent.privacy.trainer import PrivateTrainer
 
     config = DPConfig.from_settings(settings)
-    assert config is not None
     check_dp_compatible(build_model(family, data.train.in_shape, data.train.num_classes, seed=0), family)
     return PrivateTrainer.open(config, state)

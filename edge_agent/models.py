@@ -83,6 +83,3 @@ def build_model(family: str, in_shape: tuple[int, int, int], num_classes: int, s
         finally:
             torch.random.set_rng_state(generator_state)
 
-
-def parameter_count(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

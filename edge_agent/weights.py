@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from protocol.arrays import check_layout, layout_of
+from protocol.arrays import check_layout
 
 
 def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
@@ -18,9 +18,15 @@ def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
 
 def set_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Load named arrays into ``model``; raises ProtocolError(BAD_SHAPE) if they do not fit it."""
-    check_layout(arrays, layout_of(get_arrays(model)), "global weights")
+    check_layout(arrays, layout_of_model(model), "global weights")
     state = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in arrays.items()}
     model.load_state_dict(state, strict=True)
+
+
+def layout_of_model(model: nn.Module) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Names, shapes and wire dtypes of ``model``'s state, without copying it off the device."""
+    return {name: (tuple(t.shape), np.dtype(str(t.dtype).removeprefix("torch.")).str)
+            for name, t in model.state_dict().items()}
 
 
 def subtract(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

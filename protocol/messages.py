@@ -163,7 +163,8 @@ class GlobalState(Message):
 
 
 class TrainMetrics(WireModel):
-    """Reported by an agent; ``eval_*`` are of the global model it received, on its held-out split."""
+    """Reported by an agent; ``eval_*`` score the model the round started from on its held-out split:
+    the global model it received (FedProto: its own personal model)."""
 
     eval_loss: float | None = Field(default=None, ge=0.0)
     eval_accuracy: Probability | None = None

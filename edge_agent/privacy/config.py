@@ -46,10 +46,8 @@ class DPConfig:
         return self.budget_epsilon if self.budget_epsilon is not None else self.target_epsilon
 
     @classmethod
-    def from_settings(cls, settings: AgentSettings) -> DPConfig | None:
-        """None when the agent trains without DP."""
-        if not settings.dp:
-            return None
+    def from_settings(cls, settings: AgentSettings) -> DPConfig:
+        """The DP settings of an agent that has ``dp`` on."""
         return cls(
             max_grad_norm=settings.dp_max_grad_norm, delta=settings.dp_delta, accountant=settings.dp_accountant,
             noise_multiplier=settings.dp_noise_multiplier, target_epsilon=settings.dp_target_epsilon,

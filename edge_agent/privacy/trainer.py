@@ -38,10 +38,6 @@ class PrivateTrainer:
                         ledger.epsilon, ledger.budget)
         return cls(config, ledger)
 
-    @property
-    def exhausted(self) -> bool:
-        return self.ledger.exhausted
-
     def spent(self) -> PrivacySpent:
         return self.ledger.spent()
 

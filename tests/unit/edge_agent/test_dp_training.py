@@ -152,7 +152,7 @@ def test_trainer_charges_before_training_and_refuses_past_the_budget(tmp_path: P
     assert PrivacyLedger.open(AgentStateDir(tmp_path), config).epsilon == one_round > 0
     tight = PrivateTrainer.open(DPConfig(noise_multiplier=1.0, budget_epsilon=one_round * 1.01),
                                 AgentStateDir(tmp_path))
-    assert tight.exhausted and tight.spent().exhausted
+    assert tight.ledger.exhausted and tight.spent().exhausted
     with pytest.raises(BudgetExhausted):
         tight.train(model(), data, PLAN, 32, CPU, FedAvgClient({}, None, CONTEXT))  # type: ignore[arg-type]
     assert PrivacyLedger.open(AgentStateDir(tmp_path), config).epsilon == one_round
