@@ -41,6 +41,7 @@ from protocol.wire import decode_message, encode_message
 
 log = logging.getLogger(__name__)
 
+GAUGE_REFRESH_S = 1.0
 CHECKPOINT = "checkpoint"
 OPEN_ROUND = "open_round"
 
@@ -85,6 +86,7 @@ class RoundEngine:
         self._ever_connected = False
         self.retained = RetainedStates(store)
         self._last_wait_log = -1e9
+        self._gauges_refreshed = -1e9
         self.privacy = FleetPrivacy(metrics)
 
     # -- start-up --------------------------------------------------------------------
@@ -141,7 +143,6 @@ class RoundEngine:
         # for us and those agents resend to the new session, rather than throw finished work away.
         remaining = max(remaining, self.settings.resume_grace_s)
         self.open = OpenRound(announcement, saved["announcement"], now + remaining, now - age, wanted)
-        self.strategy.begin_round(announcement.round)
         log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
 
     # -- inputs ----------------------------------------------------------------------
@@ -227,7 +228,6 @@ class RoundEngine:
             selected, wanted = plan.selected, plan.wanted
         else:
             selected, wanted = available, len(available)
-        self.strategy.begin_round(number)
         announcement = RoundAnnouncement(
             run_id=self.run_id, round=number, task=task, algorithm=self.strategy.algorithm,
             training=LocalTraining(epochs=s.local_epochs, learning_rate=s.learning_rate, momentum=s.momentum,
@@ -361,7 +361,7 @@ class RoundEngine:
             if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
             payload = encode_message(state.message(self.run_id, family))
-            for piece in split_payload(payload, self.settings.max_message_bytes or len(payload)):
+            for piece in split_payload(payload, self.settings.max_message_bytes):
                 sent += self._publish(self.topics.global_state(family, state.round), piece, "global_state", retain=True)
             superseded = self.retained.published(family, state.round, state.digest)
             if superseded is not None:
@@ -391,8 +391,7 @@ class RoundEngine:
             version=SOFTWARE_VERSION, timestamp=self.wall_clock()))
 
     def _refresh_online_gauges(self, now: float) -> None:
-        counts = self.registry.online_by_device(now)
-        for device in ("jetson", "rpi", "phone", "cpu", "other"):
-            self.metrics.agents_online.labels(device).set(0)
-        for device, count in counts.items():
-            self.metrics.agents_online.labels(self.metrics.device_label(device)).inc(count)
+        if now - self._gauges_refreshed < GAUGE_REFRESH_S:  # tick runs after every message batch
+            return
+        self._gauges_refreshed = now
+        self.metrics.set_online(self.registry.online_by_device(now))

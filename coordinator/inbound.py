@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.rejects import RejectedUpdate, RejectReason
-from protocol.chunking import Reassembler
-from protocol.errors import ProtocolError, Reason
+from protocol.chunking import Reassembler, receive
+from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from protocol.messages import AgentStatus, Chunk, Update
+from protocol.messages import AgentStatus, Update
 from protocol.topics import ParsedTopic
 from protocol.wire import decode_message
 
@@ -79,17 +79,10 @@ class InboundFilter:
         assert parsed.agent_id is not None and parsed.round is not None
         open_round = self.engine.open
         try:
-            message = decode_message(payload, None, self.update_limits)
-            if isinstance(message, Chunk):
-                whole = self.reassembler.add(parsed.agent_id, message)
-                if whole is None:
-                    return
-                message = decode_message(whole, Update, self.update_limits)
-                size = len(whole)
-            else:
-                size = len(payload)
-            if not isinstance(message, Update):
-                raise ProtocolError(Reason.WRONG_KIND, f"{message.kind} on an update topic")
+            received = receive(payload, parsed.agent_id, Update, self.reassembler, self.update_limits)
+            if received is None:  # more chunks to come
+                return
+            message, size = received
             self._check(parsed, message)
         except (ProtocolError, RejectedUpdate) as exc:
             if open_round is not None:

@@ -8,6 +8,7 @@ family values come from agents, so unknown ones fold into ``other`` past a small
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -17,7 +18,7 @@ from protocol.version import SOFTWARE_VERSION
 
 KNOWN_DEVICES = ("jetson", "rpi", "phone", "cpu")
 ROUND_OUTCOMES = ("completed", "quorum_missed", "failed", "interrupted")
-ROUND_AGENT_STATES = ("selected", "answered", "straggling", "dropped")
+ROUND_AGENT_STATES = ("selected", "answered", "straggling", "dropped", "surplus")
 UPDATE_OUTCOMES = ("accepted", "rejected")
 MAX_FAMILY_LABELS = 16
 
@@ -131,6 +132,14 @@ class CoordinatorMetrics:
 
     def progressed(self, at: float) -> None:
         self.last_progress.set(at)
+
+    def set_online(self, by_device: Mapping[str, int]) -> None:
+        """One value per device label, each set once: a scrape never sees a half-updated set."""
+        folded = dict.fromkeys((*KNOWN_DEVICES, "other"), 0)
+        for device, count in by_device.items():
+            folded[self.device_label(device)] += count
+        for label, count in folded.items():
+            self.agents_online.labels(label).set(count)
 
     def device_label(self, device: str) -> str:
         return device if device in KNOWN_DEVICES else "other"

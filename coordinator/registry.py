@@ -20,13 +20,19 @@ class AgentRecord:
     def agent_id(self) -> str:
         return self.status.agent_id
 
+    def heard_within(self, now: float, timeout_s: float) -> bool:
+        return now - self.last_seen <= timeout_s
+
+    def can_train(self) -> bool:
+        """Says it is online and that its privacy budget, if any, is not spent."""
+        privacy = self.status.privacy
+        return self.status.state == "online" and (privacy is None or not privacy.exhausted)
+
 
 @dataclass(frozen=True)
 class Observation:
     """What one status told about an agent, compared with the status before it."""
 
-    known: bool
-    """The agent had sent a status before (to this coordinator process)."""
     restarted: bool
     """Its process changed since the last status: it restarted (or a second device uses its id)."""
     new_reconnects: int
@@ -55,7 +61,7 @@ class AgentRegistry:
             new_reconnects = max(0, status.reconnects - previous.reconnects)
         seen = status.reconnects if previous is None or restarted else max(previous.reconnects, status.reconnects)
         self._agents[status.agent_id] = AgentRecord(status, now, seen)
-        return Observation(known=previous is not None, restarted=restarted, new_reconnects=new_reconnects)
+        return Observation(restarted=restarted, new_reconnects=new_reconnects)
 
     def budget_spent(self, agent_id: str, privacy: PrivacySpent) -> None:
         """An update said the agent's DP budget is spent: stop selecting it now, not at its next status."""
@@ -73,39 +79,24 @@ class AgentRegistry:
     def is_online(self, agent_id: str, now: float) -> bool:
         """Connected and heard from within the timeout (a budget-exhausted agent is online but idle)."""
         record = self._agents.get(agent_id)
-        return (
-            record is not None
-            and record.status.state != "offline"
-            and now - record.last_seen <= self.timeout_s
-        )
+        return record is not None and record.status.state != "offline" and record.heard_within(now, self.timeout_s)
 
-    def is_available(self, agent_id: str, now: float) -> bool:
-        """May be selected: online, and neither says nor shows that its privacy budget is spent."""
-        record = self._agents.get(agent_id)
-        if record is None or record.status.state != "online" or not self.is_online(agent_id, now):
-            return False
-        privacy = record.status.privacy
-        return privacy is None or not privacy.exhausted
+    def _live(self, now: float) -> list[AgentRecord]:
+        """Heard from within the timeout, sorted by id."""
+        return sorted((r for r in self._agents.values() if r.heard_within(now, self.timeout_s)),
+                      key=lambda r: r.agent_id)
 
     def available(self, now: float) -> list[AgentRecord]:
         """Agents that may be selected to train: online, heard from recently, budget not spent."""
-        return sorted(
-            (r for r in self._agents.values() if self.is_available(r.agent_id, now)),
-            key=lambda r: r.agent_id,
-        )
+        return [r for r in self._live(now) if r.can_train()]
 
     def evaluable(self, now: float) -> list[AgentRecord]:
         """Agents that may score a model on their held-out data: the available ones, and those whose DP
         budget is spent (evaluation trains nothing and spends no budget; their training records stay out)."""
-        return sorted(
-            (r for r in self._agents.values()
-             if r.status.state in ("online", "budget_exhausted") and now - r.last_seen <= self.timeout_s),
-            key=lambda r: r.agent_id,
-        )
+        return [r for r in self._live(now) if r.status.state in ("online", "budget_exhausted")]
 
     def budget_spent_count(self, now: float) -> int:
-        return sum(1 for r in self._agents.values()
-                   if r.status.state == "budget_exhausted" and now - r.last_seen <= self.timeout_s)
+        return sum(1 for r in self._live(now) if r.status.state == "budget_exhausted")
 
     def count_by_family(self) -> dict[str, int]:
         """Agents known per model family, online or not: the population a round samples from."""
@@ -113,6 +104,3 @@ class AgentRegistry:
 
     def online_by_device(self, now: float) -> Counter[str]:
         return Counter(r.status.device for r in self.available(now))
-
-    def __len__(self) -> int:
-        return len(self._agents)

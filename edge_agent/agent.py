@@ -29,10 +29,10 @@ from edge_agent.profiles import DeviceProfile
 from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, DelayModel
 from edge_agent.worker import LocalWorker
-from protocol.chunking import Reassembler, split_payload
+from protocol.chunking import Reassembler, receive, split_payload
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from protocol.messages import AgentStatus, Chunk, CoordinatorStatus, GlobalState, RoundAnnouncement, Update
+from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, RoundAnnouncement, Update
 from protocol.mqtt import Backoff, BrokerAddress, MqttLink, Will
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
@@ -210,13 +210,11 @@ class EdgeAgent:
         if not payload:
             self.global_states.pop(round_number, None)
             return
-        message = decode_message(payload, None, _STATE_LIMITS)
-        if isinstance(message, Chunk):
-            whole = self._reassembler.add("coordinator", message)
-            if whole is None:
-                return
-            message = decode_message(whole, GlobalState, _STATE_LIMITS)
-        if not isinstance(message, GlobalState) or message.round != round_number:
+        received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS)
+        if received is None:  # more chunks to come
+            return
+        message, _ = received
+        if message.round != round_number:
             log.warning("ignored a global state that does not match its topic")
             return
         self.global_states[round_number] = message
@@ -263,7 +261,7 @@ class EdgeAgent:
 
     def _send_update(self, update: Update) -> None:
         payload = encode_message(update)
-        pieces = split_payload(payload, self.max_message_bytes or len(payload))
+        pieces = split_payload(payload, self.max_message_bytes)
         self._publish_pieces(self.topics.update(self.agent_id, update.round), pieces)
         session = self.coordinator.session if self.coordinator is not None else None
         self._sent = SentUpdate(update.run_id, update.round, pieces, session)

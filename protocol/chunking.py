@@ -12,19 +12,24 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from protocol.digest import digest_bytes
 from protocol.errors import ProtocolError, Reason
-from protocol.messages import Chunk
-from protocol.wire import encode_message
+from protocol.limits import DecodeLimits
+from protocol.messages import Chunk, Message
+from protocol.wire import decode_message, encode_message
+
+M = TypeVar("M", bound=Message)
 
 CHUNK_OVERHEAD_BYTES = 256
 """Upper bound on a Chunk's envelope around its data (ids, digest, counters)."""
 
 
-def split_payload(payload: bytes, max_message_bytes: int) -> list[bytes]:
-    """``[payload]`` when it fits, else the encoded chunks that carry it."""
-    if len(payload) <= max_message_bytes:
+def split_payload(payload: bytes, max_message_bytes: int | None) -> list[bytes]:
+    """``[payload]`` when it fits (or ``max_message_bytes`` is None or 0: no cap), else the
+    encoded chunks that carry it."""
+    if not max_message_bytes or len(payload) <= max_message_bytes:
         return [payload]
     piece = max_message_bytes - CHUNK_OVERHEAD_BYTES
     if piece <= 0:
@@ -51,6 +56,20 @@ class _Transfer:
     started: float
     pieces: dict[int, bytes] = field(default_factory=dict)
     size: int = 0
+
+
+def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembler,
+            limits: DecodeLimits) -> tuple[M, int] | None:
+    """A message of kind ``expect`` that may come whole or in chunks: (message, its size in
+    bytes), or None while chunks of it are still missing. Raises only ProtocolError."""
+    message = decode_message(payload, (expect, Chunk), limits)
+    if isinstance(message, Chunk):
+        whole = reassembler.add(source, message)
+        if whole is None:
+            return None
+        return decode_message(whole, expect, limits), len(whole)
+    assert isinstance(message, expect)
+    return message, len(payload)
 
 
 class Reassembler:

@@ -1,14 +1,9 @@
 """msgpack codec with numpy arrays as an extension type.
 
-Wire layout of one array (msgpack ext type ``EXT_NDARRAY``)::
-
-    u8 ndim | u8 len(dtype) | u8 pad | dtype (ASCII, e.g. "<f4") | pad zero bytes
-    | ndim x u64 little-endian dims | raw little-endian C-order data
-
-``pad`` (0-15) puts the data at a multiple of 16 bytes from the start of the message, so a
-decoded array is an aligned, read-only view straight into the received payload: decoding
-copies no array data at all (see :mod:`protocol.reader`). Encoding joins the parts once, one
-copy of each array. Everything else is plain msgpack. Never pickle.
+Arrays travel in the layout of :mod:`protocol.ndarray_ext`, aligned so that a decoded array
+is a read-only view straight into the received payload: decoding copies no array data at
+all (see :mod:`protocol.reader`). Encoding joins the parts once: one copy of each array.
+Everything else is plain msgpack. Never pickle.
 
 Every decode is bounded by :class:`~protocol.limits.DecodeLimits`, checked before anything
 is built, and anything malformed raises :class:`~protocol.errors.ProtocolError`.
@@ -16,37 +11,16 @@ is built, and anything malformed raises :class:`~protocol.errors.ProtocolError`.
 
 from __future__ import annotations
 
-import math
-import struct
 from typing import Any
 
 import msgpack
 import numpy as np
 
-from protocol.errors import ProtocolError, Reason
 from protocol.limits import DEFAULT_LIMITS, DecodeLimits
+from protocol.ndarray_ext import EXT_NDARRAY, array_parts
+from protocol.reader import read_message
 
-EXT_NDARRAY = 1
-ALIGNMENT = 16
-HEADER_FIXED = 3
-"""ndim, len(dtype), pad."""
-
-_FIXEXT_MARKERS = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
-EXT32_PREFIX = 6
-MAX_DIM = 2**62
-
-
-def _ext_prefix(length: int) -> bytes:
-    """msgpack framing for an ext value of ``length`` bytes (spec: fixext / ext 8/16/32)."""
-    if length in _FIXEXT_MARKERS:
-        return struct.pack(">Bb", _FIXEXT_MARKERS[length], EXT_NDARRAY)
-    if length < 1 << 8:
-        return struct.pack(">BBb", 0xC7, length, EXT_NDARRAY)
-    if length < 1 << 16:
-        return struct.pack(">BHb", 0xC8, length, EXT_NDARRAY)
-    if length < 1 << 32:
-        return struct.pack(">BIb", 0xC9, length, EXT_NDARRAY)
-    raise ValueError(f"array of {length} bytes exceeds one msgpack ext value (4 GiB)")
+__all__ = ["EXT_NDARRAY", "decode", "encode"]
 
 
 class _Encoder:
@@ -63,7 +37,8 @@ class _Encoder:
 
     def value(self, obj: Any) -> None:
         if isinstance(obj, np.ndarray):
-            self.array(obj)
+            for part in array_parts(obj, self.size):
+                self.add(part)
         elif isinstance(obj, dict):
             self.add(self.packer.pack_map_header(len(obj)))
             for key, item in obj.items():
@@ -80,27 +55,6 @@ class _Encoder:
         else:
             self.add(self.packer.pack(obj))
 
-    def array(self, array: np.ndarray) -> None:
-        if array.dtype.hasobject or array.dtype.fields is not None:
-            raise TypeError(f"cannot encode arrays of dtype {array.dtype}")
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        array = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
-        dtype = array.dtype.str.encode("ascii")
-        dims = struct.pack(f"<{array.ndim}Q", *array.shape)
-        fixed = HEADER_FIXED + len(dtype) + len(dims)
-        for pad in range(ALIGNMENT):  # the smallest pad that aligns, with msgpack's shortest framing
-            prefix = _ext_prefix(fixed + pad + array.nbytes)
-            if (self.size + len(prefix) + fixed + pad) % ALIGNMENT == 0:
-                break
-        else:  # the pad would cross a framing size class: ext 32 frames any length
-            pad = -(self.size + EXT32_PREFIX + fixed) % ALIGNMENT
-            prefix = struct.pack(">BIb", 0xC9, fixed + pad + array.nbytes, EXT_NDARRAY)
-        self.add(prefix)
-        self.add(bytes((array.ndim, len(dtype), pad)) + dtype + b"\0" * pad + dims)
-        if array.size:
-            self.add(memoryview(array).cast("B"))
-
 
 def encode(obj: Any) -> bytes:
     """Encode plain data (dicts, lists, scalars, bytes, numpy arrays) to msgpack bytes."""
@@ -109,64 +63,9 @@ def encode(obj: Any) -> bytes:
     return b"".join(encoder.parts)
 
 
-class ArrayBudget:
-    """Elements one message may still declare, across all its arrays."""
-
-    def __init__(self, limits: DecodeLimits) -> None:
-        self.limits = limits
-        self.elements_left = limits.max_total_elements
-
-
-def read_array(buffer: memoryview, start: int, length: int, budget: ArrayBudget) -> np.ndarray:
-    """The array in ext payload ``buffer[start:start + length]``, as a read-only view of ``buffer``.
-
-    Every declared size is checked against the limits before the view is made.
-    """
-    limits = budget.limits
-    end = start + length
-    if length < HEADER_FIXED:
-        raise ProtocolError(Reason.MALFORMED, "array header truncated")
-    ndim, dtype_len, pad = buffer[start], buffer[start + 1], buffer[start + 2]
-    if ndim > limits.max_ndim:
-        raise ProtocolError(Reason.BAD_SHAPE, f"array has {ndim} dimensions")
-    if pad >= ALIGNMENT:
-        raise ProtocolError(Reason.MALFORMED, f"array header pad of {pad} bytes")
-    dtype_at = start + HEADER_FIXED
-    dims_at = dtype_at + dtype_len + pad
-    data_at = dims_at + 8 * ndim
-    if data_at > end:
-        raise ProtocolError(Reason.MALFORMED, "array header truncated")
-    try:
-        dtype_str = bytes(buffer[dtype_at:dtype_at + dtype_len]).decode("ascii")
-    except UnicodeDecodeError:
-        raise ProtocolError(Reason.BAD_DTYPE, "dtype is not ASCII") from None
-    if dtype_str not in limits.allowed_dtypes:
-        raise ProtocolError(Reason.BAD_DTYPE, f"dtype {dtype_str!r} is not allowed")
-    dims = struct.unpack_from(f"<{ndim}Q", buffer, dims_at)
-    if any(d > MAX_DIM for d in dims):
-        raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array dimension over {MAX_DIM}")
-    count = math.prod(dims)
-    if count > limits.max_array_elements or count > budget.elements_left:
-        raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array of shape {dims} is over the element limit")
-    budget.elements_left -= count
-    dtype = np.dtype(dtype_str)
-    if end - data_at != count * dtype.itemsize:
-        raise ProtocolError(
-            Reason.MALFORMED,
-            f"array {dtype_str}{list(dims)} declares {count * dtype.itemsize} bytes, carries {end - data_at}",
-        )
-    if count == 0:
-        return np.empty(dims, dtype=dtype)
-    array = np.frombuffer(buffer, dtype=dtype, count=count, offset=data_at).reshape(dims)
-    array.flags.writeable = False  # a view of the caller's payload, which may be a bytearray
-    return array
-
-
 def decode(payload: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
     """Decode msgpack bytes from an untrusted source. Raises only :class:`ProtocolError`.
 
     Arrays in the result are read-only views of ``payload`` (which they keep alive).
     """
-    from protocol.reader import read_message  # the reader builds arrays with read_array above
-
     return read_message(payload, limits)

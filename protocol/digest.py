@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from protocol.ndarray_ext import as_wire_array
+
 
 def digest_arrays(groups: Iterable[tuple[str, Mapping[str, np.ndarray]]]) -> str:
     """BLAKE2b-128 over group names, array names, dtypes, shapes and bytes, in order.
@@ -18,9 +20,7 @@ def digest_arrays(groups: Iterable[tuple[str, Mapping[str, np.ndarray]]]) -> str
     for group, arrays in groups:
         h.update(f"[{group}]".encode())
         for name, array in arrays.items():
-            if array.dtype.byteorder == ">":
-                array = array.astype(array.dtype.newbyteorder("<"))
-            contiguous = np.require(array, requirements="C")
+            contiguous = as_wire_array(array)
             h.update(f"{name}:{contiguous.dtype.str}:{contiguous.shape};".encode())
             h.update(memoryview(contiguous).cast("B") if contiguous.size else b"")
     return h.hexdigest()

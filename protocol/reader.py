@@ -12,9 +12,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from protocol.codec import EXT_NDARRAY, ArrayBudget, read_array
 from protocol.errors import ProtocolError, Reason
 from protocol.limits import DecodeLimits
+from protocol.ndarray_ext import EXT_NDARRAY, ArrayBudget, read_array
 
 MAX_DEPTH = 64
 TIMESTAMP_EXT = -1

@@ -30,15 +30,19 @@ def encode_message(message: Message) -> bytes:
 @overload
 def decode_message(payload: bytes | bytearray | memoryview, expect: type[M], limits: DecodeLimits = ...) -> M: ...
 @overload
+def decode_message(payload: bytes | bytearray | memoryview, expect: tuple[type[Message], ...],
+                   limits: DecodeLimits = ...) -> Message: ...
+@overload
 def decode_message(payload: bytes | bytearray | memoryview, expect: None = None, limits: DecodeLimits = ...) -> Message: ...
 
 
 def decode_message(
     payload: bytes | bytearray | memoryview,
-    expect: type[Message] | None = None,
+    expect: type[Message] | tuple[type[Message], ...] | None = None,
     limits: DecodeLimits = DEFAULT_LIMITS,
 ) -> Message:
-    """Decode and validate one message; ``expect`` restricts which kind is acceptable.
+    """Decode and validate one message; ``expect`` restricts which kind(s) are acceptable, checked
+    from the ``kind`` field before the (possibly costly) validation of the body.
 
     Raises only :class:`ProtocolError`.
     """
@@ -51,8 +55,10 @@ def decode_message(
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError(Reason.SCHEMA, f"unknown message kind {kind!r}"[:120])
-    if expect is not None and cls is not expect:
-        raise ProtocolError(Reason.WRONG_KIND, f"got {kind}, expected {expect.model_fields['kind'].default}")
+    accepted = (expect,) if isinstance(expect, type) else expect
+    if accepted is not None and cls not in accepted:
+        names = ", ".join(str(c.model_fields["kind"].default) for c in accepted)
+        raise ProtocolError(Reason.WRONG_KIND, f"got {kind}, expected {names}")
     try:
         return cls.model_validate(obj)
     except ValidationError as exc:

@@ -12,7 +12,7 @@ import numpy as np
 from coordinator.aggregation import AggregationError, FailureReason
 from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
-from protocol.arrays import check_layout, layout_of
+from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.messages import Algorithm, GlobalState, Update
 
 
@@ -33,12 +33,13 @@ class FamilyState:
         parts = {**{f"weights.{k}": v for k, v in self.weights.items()},
                  **{f"control.{k}": v for k, v in self.control.items()}, "prototypes": self.prototypes}
         for name, array in parts.items():
-            if array is not None and array.dtype.kind == "f" and not np.isfinite(array).all():
+            if array is not None and array.dtype.kind == "f" and not all_finite(array):
                 raise AggregationError(FailureReason.NON_FINITE_RESULT, f"round {self.round} state: {name} is not finite")
         self.digest = GlobalState.compute_digest(self.weights, self.control, self.prototypes, self.prototype_counts)
 
     def message(self, run_id: str, family: str) -> GlobalState:
-        return GlobalState(
+        # Checked and digested in __post_init__: validating again would hash the whole model twice.
+        return GlobalState.model_construct(
             run_id=run_id, family=family, round=self.round, digest=self.digest, weights=self.weights,
             control=self.control, prototypes=self.prototypes, prototype_counts=self.prototype_counts,
         )
@@ -85,17 +86,13 @@ class Strategy(ABC):
         """Algorithm hyper-parameters announced with the round."""
         return {}
 
-    def begin_round(self, round_number: int) -> None:  # noqa: B027 (an optional hook)
-        """Called when a round opens, before any of its updates is checked."""
-
     def check_update(self, update: Update) -> None:
         """Raise unless ``update`` carries what this round asked of its family."""
         state = self.states.get(update.family)
         if state is None:
             self._check_bootstrap(update)
             return
-        if update.base_digest != state.digest:
-            raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
+        check_base(update, state)
         if not update.delta:
             raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
         check_layout(update.delta, layout_of(state.weights), "delta")
@@ -152,6 +149,12 @@ def majority_layout(updates: Sequence[Update], payload: str) -> tuple[list[Updat
         return tuple(sorted((name, shape, dtype) for name, (shape, dtype) in layout_of(getattr(update, payload)).items()))
 
     return majority_by(updates, key, payload)
+
+
+def check_base(update: Update, state: FamilyState | None) -> None:
+    """The update must start from the state the round announced for its family."""
+    if state is not None and update.base_digest != state.digest:
+        raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
 
 
 def group_by_family(updates: Sequence[Update]) -> dict[str, list[Update]]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
-from coordinator.strategies.base import Dropped, FamilyState, Strategy, majority_by
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, check_base, majority_by
 from protocol.messages import Update
 
 log = logging.getLogger(__name__)
@@ -101,9 +101,7 @@ class FedProto(Strategy):
         return {"lambda": self.scheduled_lambda(round_number), "normalize": self.normalize}
 
     def check_update(self, update: Update) -> None:
-        state = self.states.get(update.family)
-        if state is not None and update.base_digest != state.digest:
-            raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
+        check_base(update, self.states.get(update.family))
         if update.prototypes is None or update.prototype_counts is None:
             raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
         if update.prototypes.dtype != PROTOTYPE_DTYPE:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.codec import EXT_NDARRAY, _ext_prefix, decode, encode
+from protocol.codec import EXT_NDARRAY, decode, encode
 from protocol.errors import ProtocolError, Reason
+from protocol.ndarray_ext import ext_prefix as _ext_prefix
 
 from .wire_strategies import (
     ALLOWED_DTYPES,
