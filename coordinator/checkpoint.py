@@ -45,6 +45,3 @@ class CheckpointStore:
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise CheckpointError(f"{path} has an unknown format; move it away to start a new run")
         return data
-
-    def remove(self, name: str) -> None:
-        self.path(name).unlink(missing_ok=True)

@@ -73,8 +73,8 @@ class CoordinatorSettings(BaseSettings):
     quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     min_updates: int = Field(default=1, ge=1)
     round_deadline_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
-    agent_timeout_s: float = Field(default=90.0, gt=0.0)
-    """An agent not heard from for this long is offline, even without its last will."""
+    agent_timeout_s: float = Field(default=90.0, gt=0.0, description=(
+        "an agent not heard from for this long is offline, even without its last will"))
     resume_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0, description=(
         "after a restart, a round whose deadline passed while the coordinator was down still collects "
         "updates (queued by the broker or resent by agents) for this long before closing; 0 closes it at "
@@ -84,8 +84,8 @@ class CoordinatorSettings(BaseSettings):
 
     # limits
     max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
-    max_message_bytes: int = Field(default=0, ge=0)
-    """Split published global states above this size into chunks; 0 never splits."""
+    max_message_bytes: int = Field(default=0, ge=0, description=(
+        "split published global states above this size into chunks (for brokers that cap messages); 0 never"))
     exit_when_finished: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

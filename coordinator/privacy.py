@@ -81,6 +81,3 @@ class FleetPrivacy:
     @property
     def exhausted(self) -> int:
         return sum(self._device_exhausted.values())
-
-    def by_device(self) -> dict[str, float]:
-        return dict(self._device_max)

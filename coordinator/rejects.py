@@ -19,7 +19,8 @@ class RejectReason(str, Enum):
     STALE_BASE = "stale_base"
     MISSING_PAYLOAD = "missing_payload"
     BAD_SHAPE = "bad_shape"
-    """Same label as the protocol's shape check: a layout outvoted in a bootstrap round."""
+    """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
+    (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""
 
 
 class RejectedUpdate(Exception):

@@ -49,7 +49,6 @@ def split_payload(payload: bytes, max_message_bytes: int | None) -> list[bytes]:
 
 @dataclass
 class _Transfer:
-    source: str
     count: int
     total_bytes: int
     digest: str
@@ -98,7 +97,7 @@ class Reassembler:
                 raise ProtocolError(Reason.BAD_CHUNK, "too many transfers in flight")
             if chunk.total_bytes > self.max_bytes:
                 raise ProtocolError(Reason.TOO_LARGE, f"transfer of {chunk.total_bytes} bytes")
-            transfer = _Transfer(source, chunk.count, chunk.total_bytes, chunk.digest, self.clock())
+            transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, self.clock())
             self._transfers[key] = transfer
         elif (chunk.count, chunk.total_bytes, chunk.digest) != (transfer.count, transfer.total_bytes, transfer.digest):
             self._drop(key)

@@ -16,7 +16,8 @@ from protocol.arrays import Array, Arrays
 from protocol.digest import digest_arrays
 from protocol.version import SCHEMA_VERSION
 
-Identifier = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
 """Agent ids, federation and family names: safe inside an MQTT topic level (no / + #)."""
 
 Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
@@ -245,8 +246,6 @@ def _check_prototypes(prototypes: np.ndarray | None, counts: np.ndarray | None) 
     if counts.shape != (prototypes.shape[0],) or counts.dtype.kind not in "iu" or (counts < 0).any():
         raise PydanticCustomError("bad_shape", "prototype_counts must be non-negative integers, one per class")
 
-
-AnyMessage = CoordinatorStatus | AgentStatus | RoundAnnouncement | GlobalState | Update | Chunk
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["kind"].default: cls

@@ -40,7 +40,7 @@ class BrokerAddress:
         """``mqtt://[user[:password]@]host[:port]`` or ``mqtts://`` for TLS."""
         parts = urlsplit(url)
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-            raise ValueError(f"broker URL {url!r} must start with mqtt:// or mqtts://")
+            raise ValueError(f"broker URL {url!r} must start with mqtt:// (or tcp://), or mqtts:// (or ssl://) for TLS")
         if not parts.hostname:
             raise ValueError(f"broker URL {url!r} has no host")
         tls = parts.scheme in ("mqtts", "ssl")
@@ -155,9 +155,6 @@ class MqttLink:
         self._thread = threading.Thread(target=self._run, name=f"mqtt-{self.client_id}", daemon=True)
         self._thread.start()
 
-    def wait_connected(self, timeout_s: float) -> bool:
-        return self._connected.wait(timeout_s)
-
     @property
     def connected(self) -> bool:
         return self._connected.is_set()
@@ -177,9 +174,6 @@ class MqttLink:
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> paho.MQTTMessageInfo:
         """Queue a message; paho sends it now or after the next reconnect."""
         return self._client.publish(topic, payload, qos=qos, retain=retain)
-
-    def clear_retained(self, topic: str) -> None:
-        self._client.publish(topic, b"", qos=1, retain=True)
 
     # -- network thread ------------------------------------------------------------
     def _run(self) -> None:

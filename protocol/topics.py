@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from protocol.errors import ProtocolError, Reason
+from protocol.messages import IDENTIFIER_PATTERN
 
-_IDENTIFIER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
 _ROUND = re.compile(r"^(0|[1-9][0-9]{0,7})$")
 
 TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update"]

@@ -13,12 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from coordinator.aggregation.errors import AggregationError, FailureReason
-from coordinator.aggregation.stack import NamedArrays, UpdateStack
-
-
-def _check_f(f: int) -> None:
-    if f < 0:
-        raise AggregationError(FailureReason.INVALID_PARAMETER, f"byzantine f must be >= 0, got {f}")
+from coordinator.aggregation.stack import NamedArrays, UpdateStack, check_f
 
 
 def coordinate_median(updates: Sequence[NamedArrays], weights: Sequence[float], *, f: int = 0,
@@ -30,7 +25,7 @@ def coordinate_median(updates: Sequence[NamedArrays], weights: Sequence[float], 
     ``too_few_updates`` otherwise. Integer arrays: the coordinate-wise lower median. With
     ``clip_norm``, updates are first scaled to that L2 norm at most.
     """
-    _check_f(f)
+    check_f(f)
     stack = UpdateStack(updates, weights, clip_norm=clip_norm)
     n = stack.n
     if n <= 2 * f:
@@ -49,7 +44,7 @@ def trimmed_mean(updates: Sequence[NamedArrays], weights: Sequence[float], *, be
     with ``too_few_updates`` rather than silently averaging attackers in. Integer arrays: the
     coordinate-wise lower median. With ``clip_norm``, updates are first scaled to that L2 norm.
     """
-    _check_f(f)
+    check_f(f)
     if not (0.0 <= beta < 0.5):
         raise AggregationError(FailureReason.INVALID_PARAMETER, f"trimmed mean needs 0 <= beta < 1/2, got {beta}")
     stack = UpdateStack(updates, weights, clip_norm=clip_norm)

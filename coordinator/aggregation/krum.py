@@ -22,7 +22,7 @@ import numpy as np
 
 from coordinator.aggregation.errors import AggregationError, FailureReason
 from coordinator.aggregation.mean import mean_of_rows
-from coordinator.aggregation.stack import NamedArrays, UpdateStack
+from coordinator.aggregation.stack import NamedArrays, UpdateStack, check_f
 
 
 def pairwise_squared_distances(stack: UpdateStack) -> np.ndarray:
@@ -42,8 +42,7 @@ def pairwise_squared_distances(stack: UpdateStack) -> np.ndarray:
 
 def _scores(stack: UpdateStack, f: int) -> np.ndarray:
     n = stack.n
-    if f < 0:
-        raise AggregationError(FailureReason.INVALID_PARAMETER, f"byzantine f must be >= 0, got {f}")
+    check_f(f)
     if n <= 2 * f + 2:
         raise AggregationError(FailureReason.TOO_FEW_UPDATES,
                                f"Krum tolerates f={f} Byzantine updates only with n > 2f + 2 = {2 * f + 2}, got n={n}")

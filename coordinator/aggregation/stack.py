@@ -44,6 +44,11 @@ def check_weights(updates: Sequence[NamedArrays], weights: Sequence[float]) -> n
     return w
 
 
+def check_f(f: int) -> None:
+    if f < 0:
+        raise AggregationError(FailureReason.INVALID_PARAMETER, f"byzantine f must be >= 0, got {f}")
+
+
 def check_clip_norm(clip_norm: float | None) -> None:
     if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
         raise AggregationError(FailureReason.INVALID_PARAMETER, f"clip_norm must be positive, got {clip_norm}")

@@ -16,7 +16,7 @@ from protocol.messages import Update
 
 
 def apply_delta(weights: dict[str, np.ndarray], delta: dict[str, np.ndarray], lr: float) -> dict[str, np.ndarray]:
-    """weights + lr * delta for floating arrays; integer arrays take the delta as is.
+    """weights + lr * delta for floating arrays; integer arrays add the delta unscaled.
 
     Results stay arrays for 0-d inputs too (numpy arithmetic on those yields scalars).
     """
