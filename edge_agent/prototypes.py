@@ -42,10 +42,13 @@ def class_prototypes(embeddings: torch.Tensor, labels: np.ndarray, num_classes: 
     present = counts > 0
     means = np.zeros_like(sums)
     means[present] = sums[present] / counts[present, None]
-    if normalize:
-        norms = np.linalg.norm(means, axis=1)
-        means[present & (norms > 0)] /= norms[present & (norms > 0), None]
-    return means.astype(np.float32), counts
+    return (unit_rows(means) if normalize else means).astype(np.float32), counts
+
+
+def unit_rows(prototypes: np.ndarray) -> np.ndarray:
+    """Each non-zero row scaled to unit L2 norm; zero rows (classes without samples) stay zero."""
+    norms = np.linalg.norm(prototypes, axis=1, keepdims=True)
+    return np.divide(prototypes, norms, out=np.zeros_like(prototypes), where=norms > 0)
 
 
 def nearest_prototype(embeddings: torch.Tensor, prototypes: torch.Tensor, known: torch.Tensor) -> torch.Tensor:

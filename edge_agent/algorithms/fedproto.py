@@ -29,7 +29,7 @@ from pydantic import Field
 from edge_agent.algorithms.base import AlgorithmParams, ClientAlgorithm
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
-from edge_agent.prototypes import class_prototypes, embed_all, nearest_prototype, prototype_distance
+from edge_agent.prototypes import class_prototypes, embed_all, nearest_prototype, prototype_distance, unit_rows
 from edge_agent.training import TrainResult
 from edge_agent.weights import get_arrays, set_arrays
 from protocol.errors import ProtocolError, Reason
@@ -105,8 +105,7 @@ class FedProtoClient(ClientAlgorithm):
             prototypes, counts = self.prototype_release.release(
                 embeddings, torch.from_numpy(train.y), train.num_classes)
             if self.params.normalize:  # post-processing of the released means
-                norms = np.linalg.norm(prototypes, axis=1, keepdims=True)
-                prototypes = np.where(norms > 0, prototypes / np.maximum(norms, 1e-12), 0.0).astype(np.float32)
+                prototypes = unit_rows(prototypes)
         else:
             prototypes, counts = class_prototypes(embeddings, train.y, train.num_classes, self.params.normalize)
         self.local = (prototypes, counts)
