@@ -242,16 +242,10 @@ class MosquittoBroker(LocalBroker):
             process.kill()
             process.wait(timeout_s)
 
-    def kill(self) -> None:
-        """SIGKILL: no persistence save, no clean shutdown (a crash)."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-            self._process.wait(5.0)
-        self._process = None
-
-    def restart(self, timeout_s: float = 10.0) -> MosquittoBroker:
-        """Stop and start on the same port (clients reconnect to the same URL)."""
+    def restart(self, timeout_s: float = 10.0, *, down_s: float = 0.0) -> MosquittoBroker:
+        """Stop, stay down ``down_s`` seconds, and start on the same port (clients reconnect to the same URL)."""
         self.stop()
+        time.sleep(down_s)
         deadline = time.monotonic() + timeout_s
         while True:  # the port may linger in TIME_WAIT briefly; mosquitto sets SO_REUSEADDR, so this is short
             try:

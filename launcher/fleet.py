@@ -1,4 +1,4 @@
-"""Start, stop, kill and restart a coordinator and N edge agents as separate processes.
+"""Start, stop and kill a coordinator and N edge agents as separate processes (a killed one can start again).
 
 Each process runs its package's CLI (``python -m coordinator run``, ``python -m edge_agent run``)
 with settings passed as ``--flags``, has its own state directory under the run directory, and
@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 DEVICES = ("jetson", "rpi", "phone")
@@ -140,10 +141,6 @@ class ManagedProcess:
             self.process.kill()
         return self.wait(10.0)
 
-    def restart(self, timeout_s: float = 10.0) -> ManagedProcess:
-        self.terminate(timeout_s)
-        return self.start()
-
     def log_tail(self, lines: int = 15) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -161,10 +158,16 @@ class Fleet:
         self.spec = spec
         self.federation = federation
         self.python = python
+        self.coordinator_settings: dict[str, Any] = {
+            "federation": federation, "broker_url": broker_url, "state_dir": self.coordinator_dir,
+            "http_host": "127.0.0.1", "http_port": 0,  # port 0: several demos may run side by side
+            "exit_when_finished": True, **coordinator_settings,
+        }
+        """What the coordinator is started with (its flags)."""
         base_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.coordinator = ManagedProcess(
-            "coordinator", self._coordinator_argv(coordinator_settings), self.coordinator_dir / "coordinator.log",
-            base_env)
+            "coordinator", [python, "-m", "coordinator", "run", *as_flags(self.coordinator_settings)],
+            self.coordinator_dir / "coordinator.log", base_env)
         # Thread caps for the BLAS/OpenMP pools torch starts before --threads is applied.
         agent_env = {**base_env, "OMP_NUM_THREADS": str(spec.threads), "MKL_NUM_THREADS": str(spec.threads)}
         self.agents: dict[str, ManagedProcess] = {
@@ -185,15 +188,12 @@ class Fleet:
     def rounds_path(self) -> Path:
         return self.coordinator_dir / "rounds.jsonl"
 
-    # -- commands --------------------------------------------------------------------------
-    def _coordinator_argv(self, settings: Mapping[str, Any]) -> list[str]:
-        merged = {
-            "federation": self.federation, "broker_url": self.broker_url, "state_dir": self.coordinator_dir,
-            "http_host": "127.0.0.1", "http_port": 0,  # port 0: several demos may run side by side
-            "exit_when_finished": True, **settings,
-        }
-        return [self.python, "-m", "coordinator", "run", *as_flags(merged)]
+    @property
+    def http_port(self) -> int | None:
+        """The coordinator's /metrics port, if its settings name one (0: it picks a free one itself)."""
+        return int(self.coordinator_settings["http_port"]) or None
 
+    # -- commands --------------------------------------------------------------------------
     def _agent_argv(self, agent: AgentSpec) -> list[str]:
         s = self.spec
         shared = s.partition == "none" or len(s.agents) == 1  # every agent trains on the whole pool
@@ -209,11 +209,18 @@ class Fleet:
         return [self.python, "-m", "edge_agent", "run", *as_flags(merged)]
 
     # -- lifecycle -------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self) -> Fleet:
         """Coordinator first, so its retained status and first round wait for agents as they come."""
         self.coordinator.start()
         for agent in self.agents.values():
             agent.start()
+        return self
+
+    def __enter__(self) -> Fleet:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
 
     def processes(self) -> list[ManagedProcess]:
         return [self.coordinator, *self.agents.values()]
@@ -230,21 +237,11 @@ class Fleet:
                 agent.kill()
         self.coordinator.terminate(timeout_s)
 
-    def kill_all(self) -> None:
-        for process in self.processes():
-            process.kill()
-
     def kill_agent(self, name: str) -> int | None:
         return self.agents[name].kill()
 
-    def restart_agent(self, name: str) -> ManagedProcess:
-        return self.agents[name].restart()
-
     def kill_coordinator(self) -> int | None:
         return self.coordinator.kill()
-
-    def restart_coordinator(self) -> ManagedProcess:
-        return self.coordinator.restart()
 
     def failures(self) -> list[ManagedProcess]:
         """Processes that exited with a non-zero code."""
