@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from launcher.broker import free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, CoordinatorStatus, RoundAnnouncement
 from protocol.topics import Topics
 from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, read_rounds
+from tests.integration.wire import WireRecorder
 
 DEADLINE_MARGIN_S = 5.0
 """How far past its deadline a round may close: the loop ticks at least every 0.5 s, the rest is a loaded CI box."""
@@ -27,19 +28,19 @@ DEADLINE_MARGIN_S = 5.0
 FAST_RECONNECT = {"reconnect_min_s": 0.2, "reconnect_max_s": 2.0}
 
 
+CHEAP_DEVICES = ("phone", "rpi")
+"""The two cheapest model families: fleets of them cycle through these (launcher.fleet.default_fleet)."""
+
+
 def small_fleet(run_dir: Path, broker_url: str, federation: str, agents: list[AgentSpec],
                 coordinator: Mapping[str, Any], agent_settings: Mapping[str, Any] | None = None) -> Fleet:
-    """Phones and Pis on the digits data, one local epoch, fast reconnects; the coordinator keeps /metrics up."""
+    """Phones and Pis on the digits data, one local epoch, fast reconnects; the coordinator keeps /metrics
+    up on a free port of its own (``fleet.http_port``)."""
     settings = {"local_epochs": 1, "exit_when_finished": False, "min_available_agents": len(agents),
-                "min_fit_agents": len(agents), "quorum_fraction": 0.5, **FAST_RECONNECT, **coordinator}
+                "min_fit_agents": len(agents), "quorum_fraction": 0.5, "http_port": free_port(), **FAST_RECONNECT,
+                **coordinator}
     spec = FleetSpec(agents=agents, alpha=1.0, agent_settings={**FAST_RECONNECT, **(agent_settings or {})})
     return Fleet(run_dir, broker_url, spec, settings, federation=federation)
-
-
-def mixed_agents(count: int) -> list[AgentSpec]:
-    """Alternating phones and Raspberry Pis: the two cheapest model families."""
-    devices = ("phone", "rpi")
-    return [AgentSpec(f"{devices[i % 2]}-{i}", devices[i % 2], i) for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -89,21 +90,6 @@ class WireView:
         return [(m.at, decode_message(m.payload, AgentStatus))
                 for m in self.recorder.snapshot(lambda m: m.topic.endswith("/status") and "/agents/" in m.topic
                                                 and bool(m.payload))]
-
-
-def wait_for_rounds(fleet: Fleet, count: int, timeout_s: float) -> list[dict]:
-    """Wait until rounds.jsonl holds ``count`` rounds; fail with the coordinator's log tail otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        rounds = read_rounds(fleet.rounds_path)
-        if len(rounds) >= count:
-            return rounds
-        if not fleet.coordinator.running and fleet.coordinator.returncode not in (None, 0):
-            raise AssertionError(f"the coordinator exited with {fleet.coordinator.returncode}:\n"
-                                 f"{fleet.coordinator.log_tail(40)}")
-        time.sleep(0.2)
-    raise AssertionError(f"only {len(read_rounds(fleet.rounds_path))} of {count} rounds closed within "
-                         f"{timeout_s:.0f}s; coordinator log:\n{fleet.coordinator.log_tail(40)}")
 
 
 def round_figures(rounds: list[dict]) -> dict[str, Any]:

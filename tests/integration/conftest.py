@@ -14,20 +14,12 @@ from tests.integration.wire import WireRecorder
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[MosquittoBroker]:
     """A real broker. Raises (the test fails, never skips) when mosquitto is not installed."""
-    broker = MosquittoBroker(workdir=tmp_path / "broker", persistence=True)
-    broker.start()
-    try:
+    with MosquittoBroker(workdir=tmp_path / "broker", persistence=True) as broker:
         yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture
 def recorder(mosquitto: MosquittoBroker) -> Iterator[WireRecorder]:
     """Everything published under fl/ from now on, seen by an independent subscriber."""
-    wire = WireRecorder(mosquitto.url, "fl/#")
-    wire.start()
-    try:
+    with WireRecorder(mosquitto.url, "fl/#") as wire:
         yield wire
-    finally:
-        wire.stop()

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import yaml
@@ -72,6 +73,12 @@ class PrometheusServer:
             except subprocess.TimeoutExpired:
                 self._process.kill()
                 self._process.wait(5)
+
+    def __enter__(self) -> PrometheusServer:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
 
     def log_tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:] if self.log_path.exists() else ""

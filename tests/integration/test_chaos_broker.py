@@ -13,11 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from launcher.broker import MosquittoBroker, free_port
+from launcher.broker import MosquittoBroker
+from launcher.fleet import default_fleet
 from protocol.messages import CoordinatorStatus, RoundAnnouncement
 from protocol.wire import decode_message
-from tests.integration.chaos import WireView, mixed_agents, round_figures, small_fleet, wait_for_rounds, write_figures
-from tests.integration.wire import WireRecorder, metric, retained_messages, scrape, wait_until
+from tests.integration.chaos import CHEAP_DEVICES, WireView, round_figures, small_fleet, write_figures
+from tests.integration.wire import (
+    WireRecorder,
+    assert_agents_exit_cleanly,
+    assert_all_completed,
+    metric,
+    metric_total,
+    retained_messages,
+    scrape,
+    wait_for_rounds,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,48 +42,39 @@ OUTAGE_ROUND = 2
 @pytest.mark.parametrize("persistence", [True, False], ids=["persistent", "volatile"])
 def test_broker_restart_mid_round(tmp_path: Path, persistence: bool) -> None:
     federation = f"chaos-broker-{'p' if persistence else 'v'}"
-    broker = MosquittoBroker(workdir=tmp_path / "broker", persistence=persistence).start()
-    recorder = WireRecorder(broker.url, "fl/#").start()
-    http_port = free_port()
-    fleet = small_fleet(tmp_path / "run", broker.url, federation, mixed_agents(AGENTS), {
-        "rounds": ROUNDS, "round_deadline_s": DEADLINE_S, "http_port": http_port,
-    }, {"straggler_delay": "constant:2"})
-    wire = WireView(recorder, federation)
-    fleet.start()
-    pids = {p.name: p.pid for p in fleet.processes()}
-    try:
-        wire.wait_announced(OUTAGE_ROUND, timeout_s=120)
-        time.sleep(0.5)  # agents are training or holding their update back
-        broker.stop()
-        time.sleep(DOWN_S)
-        broker.start()
-        started, started_wall = time.monotonic(), time.time()
+    with (MosquittoBroker(workdir=tmp_path / "broker", persistence=persistence) as broker,
+          WireRecorder(broker.url, "fl/#") as recorder):
+        fleet = small_fleet(tmp_path / "run", broker.url, federation, default_fleet(AGENTS, CHEAP_DEVICES), {
+            "rounds": ROUNDS, "round_deadline_s": DEADLINE_S,
+        }, {"straggler_delay": "constant:2"})
+        http_port = fleet.http_port
+        wire = WireView(recorder, federation)
+        with fleet:
+            pids = {p.name: p.pid for p in fleet.processes()}
+            wire.wait_announced(OUTAGE_ROUND, timeout_s=120)
+            time.sleep(0.5)  # agents are training or holding their update back
+            broker.restart(down_s=DOWN_S)
+            started, started_wall = time.monotonic(), time.time()
 
-        def coordinator_back() -> bool:
+            def coordinator_back() -> bool:
+                samples = scrape(http_port)
+                return (metric(samples, "fl_broker_connected") == 1
+                        and metric(samples, "fl_broker_reconnects_total") >= 1)
+
+            # Polled every 0.1 s (and a scrape takes time on a busy machine): an upper bound.
+            wait_until(coordinator_back, 60, "the coordinator to reconnect", interval_s=0.1)
+            coordinator_after = time.monotonic() - started
+
+            def agents_back() -> bool:
+                return metric_total(scrape(http_port), "fl_agent_reconnects_total") >= AGENTS
+
+            wait_until(agents_back, 60, "every agent to reconnect and report it", interval_s=0.1)
+            agents_after = time.monotonic() - started
+            rounds = wait_for_rounds(fleet, ROUNDS + 1, timeout_s=150)
+            outage_round_closed_after = next(r["closed_at"] for r in rounds if r["round"] == OUTAGE_ROUND) - started_wall
+            assert_agents_exit_cleanly(fleet, 60)
             samples = scrape(http_port)
-            return (metric(samples, "fl_broker_connected") == 1
-                    and metric(samples, "fl_broker_reconnects_total") >= 1)
-
-        # Polled every 0.1 s (and a scrape takes time on a busy machine): an upper bound.
-        wait_until(coordinator_back, 60, "the coordinator to reconnect", interval_s=0.1)
-        coordinator_after = time.monotonic() - started
-
-        def agents_back() -> bool:
-            return sum(metric(scrape(http_port), "fl_agent_reconnects_total", device=d)
-                       for d in ("phone", "rpi")) >= AGENTS
-
-        wait_until(agents_back, 60, "every agent to reconnect and report it", interval_s=0.1)
-        agents_after = time.monotonic() - started
-        rounds = wait_for_rounds(fleet, ROUNDS + 1, timeout_s=150)
-        outage_round_closed_after = next(r["closed_at"] for r in rounds if r["round"] == OUTAGE_ROUND) - started_wall
-        for name, process in fleet.agents.items():
-            assert process.wait(60) == 0, f"{name} did not finish cleanly:\n{process.log_tail()}"
-        samples = scrape(http_port)
-        retained = retained_messages(broker.url, f"fl/{federation}/#")
-    finally:
-        fleet.stop()
-        recorder.stop()
-        broker.stop()
+            retained = retained_messages(broker.url, f"fl/{federation}/#")
 
     figures = round_figures(rounds) | {
         "persistence": persistence,
@@ -84,11 +86,11 @@ def test_broker_restart_mid_round(tmp_path: Path, persistence: bool) -> None:
     write_figures(tmp_path, f"chaos_broker_{'persistent' if persistence else 'volatile'}", figures)
 
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 2))
-    assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1), figures["per_round"]
+    assert_all_completed(rounds, ROUNDS + 1)
     # Not one update lost to the outage: queued by paho and the broker, or resent to a new session.
     assert all(r["answered"] == r["selected"] == AGENTS for r in rounds), figures["per_round"]
     assert metric(samples, "fl_broker_reconnects_total") >= 1
-    assert sum(metric(samples, "fl_agent_reconnects_total", device=d) for d in ("phone", "rpi")) >= AGENTS
+    assert metric_total(samples, "fl_agent_reconnects_total") >= AGENTS
     assert {p.name: p.pid for p in fleet.processes()} == pids and all(p.starts == 1 for p in fleet.processes())
     # With the broker's session gone, the coordinator must have told agents so with a new session.
     assert figures["coordinator_sessions"] == (1 if persistence else 2)

@@ -15,10 +15,19 @@ from pathlib import Path
 import pytest
 
 from coordinator.checkpoint import CheckpointStore
-from launcher.broker import MosquittoBroker, free_port
-from launcher.fleet import Fleet
-from tests.integration.chaos import WireView, mixed_agents, round_figures, small_fleet, wait_for_rounds, write_figures
-from tests.integration.wire import WireRecorder, metric, read_rounds, scrape, wait_until
+from launcher.broker import MosquittoBroker
+from launcher.fleet import Fleet, default_fleet
+from tests.integration.chaos import CHEAP_DEVICES, WireView, round_figures, small_fleet, write_figures
+from tests.integration.wire import (
+    WireRecorder,
+    assert_agents_exit_cleanly,
+    assert_all_completed,
+    metric,
+    read_rounds,
+    scrape,
+    wait_for_rounds,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -53,15 +62,13 @@ def _crash_and_restart(fleet: Fleet, wire: WireView, round_number: int) -> dict[
 
 def test_coordinator_killed_twice_resumes_without_losing_rounds(tmp_path: Path, mosquitto: MosquittoBroker,
                                                                 recorder: WireRecorder) -> None:
-    http_port = free_port()
-    fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, mixed_agents(AGENTS), {
-        "rounds": ROUNDS, "round_deadline_s": DEADLINE_S, "http_port": http_port,
+    fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, default_fleet(AGENTS, CHEAP_DEVICES), {
+        "rounds": ROUNDS, "round_deadline_s": DEADLINE_S,
     }, {"straggler_delay": "uniform:1,4"})
     wire = WireView(recorder, FEDERATION)
-    fleet.start()
-    pids = {name: process.pid for name, process in fleet.agents.items()}
     recoveries = []
-    try:
+    with fleet:
+        pids = {name: process.pid for name, process in fleet.agents.items()}
         wire.wait_announced(2, timeout_s=120)
         recoveries.append(_crash_and_restart(fleet, wire, 2))
 
@@ -71,11 +78,8 @@ def test_coordinator_killed_twice_resumes_without_losing_rounds(tmp_path: Path, 
         recoveries.append(_crash_and_restart(fleet, wire, 4) | {"answers_before_kill": answered_before_kill})
 
         rounds = wait_for_rounds(fleet, ROUNDS + 1, timeout_s=150)
-        for name, process in fleet.agents.items():
-            assert process.wait(60) == 0, f"{name} did not finish cleanly:\n{process.log_tail()}"
-        samples = scrape(http_port)
-    finally:
-        fleet.stop()
+        assert_agents_exit_cleanly(fleet, 60)
+        samples = scrape(fleet.http_port)
 
     figures = round_figures(rounds) | {"coordinator_restarts": recoveries,
                                        "duplicates_dropped_after_last_restart": metric(
@@ -85,7 +89,7 @@ def test_coordinator_killed_twice_resumes_without_losing_rounds(tmp_path: Path, 
 
     # Every round closed exactly once, in order, with every agent's update: nothing was lost.
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 2))
-    assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1), figures["per_round"]
+    assert_all_completed(rounds, ROUNDS + 1)
     assert all(r["answered"] == r["selected"] == AGENTS for r in rounds), figures["per_round"]
 
     # On the wire: round numbers never go back, and a re-announced round is the same announcement.

@@ -18,7 +18,7 @@ from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, Update
 from protocol.topics import Topics
 from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, read_rounds, wait_until
+from tests.integration.wire import WireRecorder, assert_agents_exit_cleanly, assert_all_completed, wait_for_rounds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,16 +36,11 @@ def test_fedproto_fleet_publishes_only_prototypes(tmp_path: Path, mosquitto: Mos
         "local_epochs": 1, "proto_lambda": 1.0, "proto_warmup_rounds": 1, "proto_momentum": 0.5,
         "proto_normalize": True, "round_deadline_s": 120,
     }, federation=FEDERATION)
-    fleet.start()
-    try:
-        wait_until(lambda: len(read_rounds(fleet.rounds_path)) == ROUNDS + 1, 300, "three rounds and the evaluation")
-        for name, process in fleet.agents.items():
-            assert process.wait(60) == 0, f"{name} did not exit cleanly:\n{process.log_tail()}"
-    finally:
-        fleet.stop()
+    with fleet:
+        rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)  # three rounds and the evaluation
+        assert_agents_exit_cleanly(fleet, 60)
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
-    rounds = read_rounds(fleet.rounds_path)
-    assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1), rounds
+    assert_all_completed(rounds, ROUNDS + 1)
 
     topics = Topics(FEDERATION)
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]

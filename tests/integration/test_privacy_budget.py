@@ -13,7 +13,7 @@ from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, CoordinatorStatus, RoundAnnouncement, Update
 from protocol.topics import Topics
 from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, metric, read_rounds, scrape, wait_until
+from tests.integration.wire import WireRecorder, assert_all_completed, metric, scrape, wait_for_rounds, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -85,8 +85,7 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
 
         exhausted_at = time.monotonic()
         run_b.agents["plain-1"].start()
-        wait_until(lambda: len(read_rounds(run_dir / "coordinator-b" / "rounds.jsonl")) == 4, 300,
-                   "run B's three rounds and the evaluation")
+        rounds = wait_for_rounds(run_b, 4, 300, path=run_dir / "coordinator-b" / "rounds.jsonl")  # 3 and the evaluation
         samples = scrape(http_port)
         assert run_b.agents["plain-1"].wait(60) == 0, run_b.agents["plain-1"].log_tail()
         assert run_b.agents["dp-0"].wait(60) == 0, run_b.agents["dp-0"].log_tail()
@@ -116,8 +115,7 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
     assert metric(samples, "fl_privacy_epsilon", device="phone") == pytest.approx(second.privacy.epsilon)
     assert metric(samples, "fl_privacy_epsilon_max") == pytest.approx(second.privacy.epsilon)
     assert metric(samples, "fl_privacy_budget_exhausted_agents", device="phone") == 1.0
-    rounds = read_rounds(run_dir / "coordinator-b" / "rounds.jsonl")
-    assert [r["outcome"] for r in rounds] == ["completed"] * 4
+    assert_all_completed(rounds, 4)
     assert all(r["epsilon_max"] == pytest.approx(second.privacy.epsilon) and r["budget_exhausted"] == 1
                for r in rounds)
 

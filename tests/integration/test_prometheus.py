@@ -24,7 +24,7 @@ from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.topics import Topics
 from tests.chart import REPO
 from tests.integration.prometheus import PrometheusServer
-from tests.integration.wire import read_rounds, wait_until
+from tests.integration.wire import wait_for_rounds, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,29 +65,25 @@ def send_garbage(url: str) -> None:
 
 def test_dashboard_and_alerts_on_a_live_coordinator(tmp_path: Path, mosquitto: MosquittoBroker) -> None:
     http_port = free_port()
-    prometheus = PrometheusServer(tmp_path / "prometheus", {JOB: [f"127.0.0.1:{http_port}"]}, rule_files=[ALERTS],
-                                  interval_s=SCRAPE_S).start()
     agents = [AgentSpec("phone-0", "phone", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
     fleet = Fleet(tmp_path / "run", mosquitto.url, FleetSpec(agents=agents, alpha=1.0), {
         "rounds": ROUNDS, "min_available_agents": 3, "min_fit_agents": 3, "local_epochs": 1,
         "http_port": http_port, "exit_when_finished": False,  # stay up to be scraped
     }, federation=FEDERATION)
-    start = time.time()
-    fleet.start()
-    try:
-        wait_until(lambda: bool(prometheus.query(f'fl_broker_connected{{job="{JOB}"}} == 1')), 120,
-                   "Prometheus to scrape a connected coordinator")
-        send_garbage(mosquitto.url)
-        wait_until(lambda: len(read_rounds(fleet.rounds_path)) == ROUNDS + 1, 300, "the run to finish")
-        wait_until(lambda: bool(prometheus.query(f'fl_run_finished{{job="{JOB}"}} == 1')), 60,
-                   "Prometheus to see the finished run")
-        time.sleep(4 * SCRAPE_S)  # a few more scrapes of the final values for the rate windows
-        end = time.time()
-        check_dashboard(prometheus, start, end, read_rounds(fleet.rounds_path))
-        check_alert_rules(prometheus)
-    finally:
-        fleet.stop()
-        prometheus.stop()
+    with PrometheusServer(tmp_path / "prometheus", {JOB: [f"127.0.0.1:{http_port}"]}, rule_files=[ALERTS],
+                          interval_s=SCRAPE_S) as prometheus:
+        start = time.time()
+        with fleet:
+            wait_until(lambda: bool(prometheus.query(f'fl_broker_connected{{job="{JOB}"}} == 1')), 120,
+                       "Prometheus to scrape a connected coordinator")
+            send_garbage(mosquitto.url)
+            rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)  # the run to finish
+            wait_until(lambda: bool(prometheus.query(f'fl_run_finished{{job="{JOB}"}} == 1')), 60,
+                       "Prometheus to see the finished run")
+            time.sleep(4 * SCRAPE_S)  # a few more scrapes of the final values for the rate windows
+            end = time.time()
+            check_dashboard(prometheus, start, end, rounds)
+            check_alert_rules(prometheus)
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
 
 

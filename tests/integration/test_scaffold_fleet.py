@@ -17,7 +17,7 @@ from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import GlobalState, RoundAnnouncement, Update
 from protocol.topics import Topics
 from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, read_rounds, wait_until
+from tests.integration.wire import WireRecorder, assert_all_completed, wait_for_rounds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -32,13 +32,9 @@ def test_scaffold_fleet_updates_the_server_variate_from_what_agents_sent(
         "algorithm": "scaffold", "rounds": ROUNDS, "min_available_agents": 4, "min_fit_agents": 2,
         "fraction_fit": 0.5, "local_epochs": 1, "server_learning_rate": 0.8, "round_deadline_s": 120,
     }, federation=FEDERATION)
-    fleet.start()
-    try:
-        wait_until(lambda: len(read_rounds(fleet.rounds_path)) == ROUNDS + 1, 300, "three rounds and the evaluation")
-    finally:
-        fleet.stop()
-    rounds = read_rounds(fleet.rounds_path)
-    assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1), rounds
+    with fleet:
+        rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)  # three rounds and the evaluation
+    assert_all_completed(rounds, ROUNDS + 1)
 
     topics = Topics(FEDERATION)
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]

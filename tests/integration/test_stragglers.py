@@ -10,23 +10,17 @@ deadline: they close as soon as the four fast agents answered.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
-from launcher.broker import MosquittoBroker, free_port
+from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec
 from protocol.messages import GlobalState
 from protocol.wire import decode_message
-from tests.integration.chaos import (
-    DEADLINE_MARGIN_S,
-    WireView,
-    round_figures,
-    small_fleet,
-    wait_for_rounds,
-    write_figures,
-)
-from tests.integration.wire import WireRecorder, metric, read_rounds, scrape, wait_until
+from tests.integration.chaos import DEADLINE_MARGIN_S, WireView, round_figures, small_fleet, write_figures
+from tests.integration.wire import WireRecorder, assert_all_completed, metric, scrape, wait_for_rounds, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,23 +37,18 @@ AGENTS = [AgentSpec("phone-0", "phone", 0), AgentSpec("rpi-1", "rpi", 1), AgentS
 
 def test_agents_slower_than_the_deadline_are_left_out_and_counted(tmp_path: Path, mosquitto: MosquittoBroker,
                                                                   recorder: WireRecorder) -> None:
-    http_port = free_port()
     fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, AGENTS, {
-        "rounds": ROUNDS, "round_deadline_s": DEADLINE_S, "http_port": http_port,
+        "rounds": ROUNDS, "round_deadline_s": DEADLINE_S,
     })
     wire = WireView(recorder, FEDERATION)
-    fleet.start()
-    try:
+    with fleet:
+        started = time.monotonic()
+        rounds = wait_for_rounds(fleet, ROUNDS + 1, 180)
         # Round 1's late updates come 20 s after it opened, while round 2 or the evaluation is on.
-        def finished_and_late() -> bool:
-            return (len(read_rounds(fleet.rounds_path)) == ROUNDS + 1
-                    and metric(scrape(http_port), "fl_messages_rejected_total", kind="update", reason="late") >= 2)
-
-        wait_until(finished_and_late, 180, "every round and two late updates")
-        rounds = read_rounds(fleet.rounds_path)
-        samples = scrape(http_port)
-    finally:
-        fleet.stop()
+        wait_until(lambda: metric(scrape(fleet.http_port), "fl_messages_rejected_total", kind="update",
+                                  reason="late") >= 2,
+                   max(1.0, 180 - (time.monotonic() - started)), "two late updates")
+        samples = scrape(fleet.http_port)
 
     figures = round_figures(rounds) | {
         "stragglers_total": metric(samples, "fl_stragglers_total"),
@@ -67,7 +56,7 @@ def test_agents_slower_than_the_deadline_are_left_out_and_counted(tmp_path: Path
     }
     write_figures(tmp_path, "stragglers", figures)
 
-    assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1), figures["per_round"]
+    assert_all_completed(rounds, ROUNDS + 1)
     for r in rounds[:ROUNDS]:
         assert (r["selected"], r["answered"], r["stragglers"], r["dropouts"]) == (6, 4, 2, 0), r
         # Waited for its deadline (the stragglers never answered), and not much longer.
@@ -92,22 +81,18 @@ def test_agents_slower_than_the_deadline_are_left_out_and_counted(tmp_path: Path
 
 def test_over_selection_closes_rounds_without_waiting_for_stragglers(tmp_path: Path,
                                                                    mosquitto: MosquittoBroker) -> None:
-    http_port = free_port()
     deadline_s = 40.0  # far longer than the stragglers' 20 s: only over-selection can close rounds early
     fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, AGENTS, {
-        "rounds": ROUNDS, "round_deadline_s": deadline_s, "http_port": http_port, "fraction_fit": 0.6,
+        "rounds": ROUNDS, "round_deadline_s": deadline_s, "fraction_fit": 0.6,
         "over_selection": 0.5, "min_fit_agents": 1, "evaluate_final": False,
     })
-    fleet.start()
-    try:
+    with fleet:
         rounds = wait_for_rounds(fleet, ROUNDS, timeout_s=180)
-        samples = scrape(http_port)
-    finally:
-        fleet.stop()
+        samples = scrape(fleet.http_port)
 
     figures = round_figures(rounds) | {"surplus": [r["surplus"] for r in rounds]}
     write_figures(tmp_path, "over_selection", figures)
-    assert [r["outcome"] for r in rounds] == ["completed"] * ROUNDS
+    assert_all_completed(rounds, ROUNDS)
     for r in rounds:
         # 4 wanted, 6 asked: closed on the fourth answer, the two slow ones left over, none waited for.
         assert (r["selected"], r["answered"], r["surplus"], r["stragglers"], r["dropouts"]) == (6, 4, 2, 0, 0), r

@@ -11,7 +11,15 @@ from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import CoordinatorStatus, GlobalState, RoundAnnouncement, Update
 from protocol.topics import Topics
 from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, metric, read_rounds, retained_messages, scrape, wait_until
+from tests.integration.wire import (
+    WireRecorder,
+    assert_agents_exit_cleanly,
+    assert_all_completed,
+    metric,
+    retained_messages,
+    scrape,
+    wait_for_rounds,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +35,10 @@ def test_three_rounds_over_the_wire(tmp_path: Path, mosquitto: MosquittoBroker, 
         "rounds": ROUNDS, "min_available_agents": 4, "min_fit_agents": 4, "local_epochs": 1,
         "http_port": http_port, "exit_when_finished": False,  # keep /metrics up to read it
     }, federation=FEDERATION)
-    fleet.start()
-    try:
-        wait_until(lambda: len(read_rounds(fleet.rounds_path)) == ROUNDS + 1, 180, "three rounds and the evaluation")
-        for name, process in fleet.agents.items():
-            assert process.wait(30) == 0, f"{name} did not exit cleanly:\n{process.log_tail()}"
+    with fleet:
+        rounds = wait_for_rounds(fleet, ROUNDS + 1, 180)  # three rounds and the evaluation
+        assert_agents_exit_cleanly(fleet, 30)
         samples = scrape(http_port)
-    finally:
-        fleet.stop()
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
 
     topics = Topics(FEDERATION)
@@ -78,7 +82,6 @@ def test_three_rounds_over_the_wire(tmp_path: Path, mosquitto: MosquittoBroker, 
     assert metric(samples, "fl_rounds_total", outcome="completed") == ROUNDS + 1
     assert metric(samples, "fl_updates_total", outcome="accepted") == len(updates)
 
-    rounds = read_rounds(fleet.rounds_path)
-    assert [r["outcome"] for r in rounds] == ["completed"] * (ROUNDS + 1)
+    assert_all_completed(rounds, ROUNDS + 1)
     assert all(r["answered"] == len(agents) for r in rounds)
     assert sum(r["bytes_in"] for r in rounds) == wire_bytes("update")

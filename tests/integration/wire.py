@@ -1,4 +1,4 @@
-"""Test helpers that look at the system from outside: the wire, the metrics, the files."""
+"""Test helpers that look at the system from outside: the wire, the metrics, the files, the processes."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client.parser import text_string_to_metric_families
 
+from launcher.fleet import Fleet
 from protocol.mqtt import BrokerAddress
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+"""Prometheus samples: (name, labels) -> value."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,12 @@ class WireRecorder:
         self._client.disconnect()
         self._client.loop_stop()
 
+    def __enter__(self) -> WireRecorder:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
     def snapshot(self, predicate: Callable[[Seen], bool] = lambda s: True) -> list[Seen]:
         with self._lock:
             return [m for m in self.messages if predicate(m)]
@@ -74,19 +86,26 @@ def retained_messages(url: str, topic_filter: str, settle_s: float = 1.0) -> dic
     return {m.topic: m.payload for m in recorder.snapshot(lambda s: s.retained)}
 
 
-def scrape(port: int, host: str = "127.0.0.1") -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def scrape(port: int | None, host: str = "127.0.0.1") -> Samples:
     """Prometheus samples of an HTTP /metrics endpoint: (name, labels) -> value."""
+    assert port, "no /metrics port: give the coordinator an http_port"
     with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return samples
 
 
-def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    """The sample with exactly these labels; 0 if there is none."""
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def metric_total(samples: Samples, name: str) -> float:
+    """The sum over every label set of ``name`` (e.g. over all device classes)."""
+    return sum(value for (sample, _), value in samples.items() if sample == name)
 
 
 def read_rounds(path: Path) -> list[dict]:
@@ -102,3 +121,37 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str, inter
             return
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def wait_for_rounds(fleet: Fleet, count: int, timeout_s: float, path: Path | None = None) -> list[dict]:
+    """Wait until the round log (``fleet.rounds_path`` unless ``path``) holds ``count`` rounds.
+
+    Fails at once, with the coordinator's log tail, if the coordinator exits before that (a crash,
+    or a run that ended short), and with the same tail after ``timeout_s``.
+    """
+    path = path or fleet.rounds_path
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        exited = not fleet.coordinator.running  # before reading: it writes its last round, then exits
+        rounds = read_rounds(path)
+        if len(rounds) >= count:
+            return rounds
+        if exited:
+            raise AssertionError(f"the coordinator exited with {fleet.coordinator.returncode} after "
+                                 f"{len(rounds)} of {count} rounds:\n{fleet.coordinator.log_tail(40)}")
+        time.sleep(0.2)
+    raise AssertionError(f"only {len(read_rounds(path))} of {count} rounds closed within "
+                         f"{timeout_s:.0f}s; coordinator log:\n{fleet.coordinator.log_tail(40)}")
+
+
+def assert_all_completed(rounds: list[dict[str, Any]], count: int) -> None:
+    """``count`` rounds in the log, every one completed."""
+    assert [r["outcome"] for r in rounds] == ["completed"] * count, [
+        {k: r.get(k) for k in ("round", "task", "outcome", "reason", "selected", "answered", "stragglers",
+                                "dropouts")} for r in rounds]
+
+
+def assert_agents_exit_cleanly(fleet: Fleet, timeout_s: float) -> None:
+    """Every agent exits with 0, each within ``timeout_s`` (they exit once the run is finished)."""
+    for name, process in fleet.agents.items():
+        assert process.wait(timeout_s) == 0, f"{name} did not exit cleanly:\n{process.log_tail()}"
