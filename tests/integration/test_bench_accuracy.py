@@ -7,24 +7,20 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.bench_runner import run_bench
+
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 ROWS = ["centralised (cnn_small, pooled data)", "FedAvg 3/6 ", "FedProx mu=", "SCAFFOLD 3/6", "FedProto lambda=",
         "each agent alone (lambda=0)"]
 
 
 def test_accuracy_bench_quick_prints_one_table_with_goals(tmp_path: Path) -> None:
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "accuracy.py"), "--quick", "--out", str(tmp_path)],
-                            cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
-    out = result.stdout
-    assert result.returncode == 0, (out + result.stderr)[-4000:]
+    out = run_bench("accuracy.py", "--quick", "--out", str(tmp_path), timeout_s=900)
     assert re.search(r"^row\s+partition\s+rounds\s+test acc\s+by proto\s+held-out\s+upload B/agent/round", out,
                      re.MULTILINE), out
     table = out[out.index("\nrow "):]

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench_runner import run_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_privacy_bench_quick_prints_its_table() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "privacy.py"), "--quick"], cwd=REPO,
-                            capture_output=True, text=True, timeout=900, check=False)
-    out = result.stdout
-    assert result.returncode == 0, (out + result.stderr)[-4000:]
+    out = run_bench("privacy.py", "--quick", timeout_s=900)
     assert re.search(r"^epsilon\s+federated\s+central DP-SGD\s+gap \(points\)", out, re.MULTILINE), out
     rows = {m.group(1): m for m in re.finditer(
         r"^\s+(no DP|8)\s+([\d.]+)%\s+([\d.]+)%\s+(-?[\d.]+)\s+(\S+)\s+(\S+)", out, re.MULTILINE)}

@@ -4,22 +4,16 @@ its tables; neither timings nor accuracies are asserted (DESIGN.md)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench_runner import run_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_robust_bench_quick_prints_both_tables() -> None:
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "robust.py"), "--quick"], cwd=REPO,
-                            capture_output=True, text=True, timeout=600, check=False)
-    out = result.stdout
-    assert result.returncode == 0, (out + result.stderr)[-4000:]
+    out = run_bench("robust.py", "--quick", timeout_s=600)
     # (b) speed: every rule and reference timed, memory measured, every goal judged
     assert re.search(r"^operation\s+median ms\s+MB/s\s+ratio", out, re.MULTILINE), out
     for operation in ("krum (ours", "multi_krum (ours)", "pairwise distances, double loop, float32",

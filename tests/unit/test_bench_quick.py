@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.bench_runner import run_bench
 
 
 def test_codec_bench_quick_prints_its_table() -> None:
-    result = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "codec.py"), "--quick"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    out = result.stdout
+    out = run_bench("codec.py", "--quick", timeout_s=120)
     assert re.search(r"^size\s+operation\s+median ms\s+MB/s", out, re.MULTILINE), out
     for operation in ("encode  ours", "encode  pickle", "arr.tobytes()", "np.copy(arr)", "decode  ours",
                       "decode  pickle"):
