@@ -5,7 +5,10 @@
   does not reconnect in lock-step;
 * the in-flight window is raised (paho's default of 20 throttles QoS 1 to tens of
   messages a second on loopback);
-* callbacks run on the network thread and must only hand work over (e.g. to a queue).
+* callbacks run on the network thread and must only hand work over (e.g. to a queue);
+* one writer per socket: ``publish`` may be called from any thread, but only the network
+  thread writes to the socket. paho writes straight from the caller's thread when it runs
+  no loop thread of its own, and two writers interleave the bytes of large messages.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 import random
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -99,6 +103,10 @@ class Will:
     retain: bool = True
 
 
+def _no_write_from_caller(client: paho.Client, userdata: object, sock: object) -> None:
+    """paho's write hook: writes stay on the network thread, which wakes on its own socket pair."""
+
+
 class MqttLink:
     """One MQTT client with its own network thread."""
 
@@ -121,6 +129,8 @@ class MqttLink:
         self.address = address
         self.subscriptions = list(subscriptions or [])
         self.keepalive_s = keepalive_s
+        self.stop_flush_s = 5.0
+        """How long ``stop`` lets queued messages drain before closing (large ones take a while)."""
         self.backoff = backoff or Backoff()
         self.connects = 0
         """Successful connects so far; ``reconnects`` is this minus the first."""
@@ -148,6 +158,11 @@ class MqttLink:
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_message
+        # With a write hook registered, paho never writes from the publishing thread: it queues
+        # the packet and wakes the network thread's select() through its socket pair, and our
+        # loop() does every write. The hook itself has nothing to do.
+        client.on_socket_register_write = _no_write_from_caller
+        client.on_socket_unregister_write = _no_write_from_caller
         self._client = client
 
     # -- lifecycle -----------------------------------------------------------------
@@ -172,7 +187,7 @@ class MqttLink:
             self._thread.join(timeout_s)
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> paho.MQTTMessageInfo:
-        """Queue a message; paho sends it now or after the next reconnect."""
+        """Queue a message from any thread; the network thread sends it now or after the next reconnect."""
         return self._client.publish(topic, payload, qos=qos, retain=retain)
 
     # -- network thread ------------------------------------------------------------
@@ -192,8 +207,10 @@ class MqttLink:
             while not self._stopping.is_set() and rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 rc = self._client.loop(timeout=0.5)
             if self._stopping.is_set():
-                # let the DISCONNECT packet and queued messages out
-                for _ in range(10):
+                # Let queued messages and the DISCONNECT out: paho closes the socket once the
+                # DISCONNECT is written, and loop() then stops returning success.
+                flush_until = time.monotonic() + self.stop_flush_s
+                while time.monotonic() < flush_until:
                     if self._client.loop(timeout=0.1) != MQTTErrorCode.MQTT_ERR_SUCCESS:
                         break
                 return

@@ -1,0 +1,97 @@
+"""One writer per socket: large messages published from several threads at once arrive intact.
+
+paho writes to the socket from the publishing thread unless something else owns the writes;
+with the link's network thread reading and acknowledging at the same time, the bytes of two
+large messages used to interleave (Mosquitto then cut the client off for a protocol error, or
+delivered messages of the right length that did not decode). Every message here carries the
+digest of its body, and a second link checks each one through a real Mosquitto.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from launcher.broker import MosquittoBroker
+from protocol.mqtt import BrokerAddress, MqttLink
+
+pytestmark = pytest.mark.integration
+
+THREADS = 4
+MESSAGES_PER_THREAD = 3
+BODY_BYTES = 8 * 1024 * 1024
+"""Far larger than a socket buffer: every publish takes many partial writes."""
+TIMEOUT_S = 120.0
+PROBE = "writers/probe"
+
+
+class Inbox:
+    """What the receiving link got: topic -> payload; ``complete`` once every large one is in."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.payloads: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.probe_heard = threading.Event()
+        self.complete = threading.Event()
+
+    def __call__(self, topic: str, payload: bytes, retained: bool) -> None:
+        if topic == PROBE:
+            self.probe_heard.set()
+            return
+        with self.lock:
+            self.payloads[topic] = bytes(payload)
+            if len(self.payloads) >= self.expected:
+                self.complete.set()
+
+
+def _message(thread: int, index: int) -> bytes:
+    body = os.urandom(BODY_BYTES - 32 - 64) + f"{thread:032d}{index:032d}".encode()
+    return hashlib.sha256(body).digest() + body
+
+
+def test_large_messages_from_several_threads_arrive_intact(tmp_path: Path) -> None:
+    total = THREADS * MESSAGES_PER_THREAD
+    inbox = Inbox(total)
+    with MosquittoBroker(workdir=tmp_path / "broker") as broker:
+        address = BrokerAddress.parse(broker.url)
+        receiver = MqttLink("receiver", address, inbox, subscriptions=[("writers/#", 1)])
+        sender = MqttLink("sender", address, lambda *_: None)
+        receiver.start()
+        sender.start()
+        try:
+            # The receiver subscribes in on_connect: once it hears a probe, the subscription is active.
+            for _ in range(120):
+                sender.publish(PROBE, b"probe", qos=1)
+                if inbox.probe_heard.wait(0.5):
+                    break
+            assert inbox.probe_heard.is_set(), "the receiver never heard the probe"
+            start = threading.Barrier(THREADS)
+
+            def publish_from_thread(thread: int) -> None:
+                start.wait()
+                for index in range(MESSAGES_PER_THREAD):
+                    sender.publish(f"writers/{thread}/{index}", _message(thread, index), qos=1)
+
+            workers = [threading.Thread(target=publish_from_thread, args=(t,)) for t in range(THREADS)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join(TIMEOUT_S)
+            assert inbox.complete.wait(TIMEOUT_S), f"{len(inbox.payloads)} of {total} messages arrived"
+            assert sender.connected, "the broker cut the sender off (a corrupted packet)"
+        finally:
+            sender.stop()
+            receiver.stop()
+        broker_log = broker.log_path.read_text(errors="replace")
+    corrupted = [topic for topic, payload in inbox.payloads.items()
+                 if len(payload) != BODY_BYTES or hashlib.sha256(payload[32:]).digest() != payload[:32]]
+    assert not corrupted, f"{len(corrupted)} of {total} messages arrived corrupted: {sorted(corrupted)}"
+    expected_topics = {f"writers/{t}/{i}" for t in range(THREADS) for i in range(MESSAGES_PER_THREAD)}
+    assert set(inbox.payloads) == expected_topics
+    assert "protocol error" not in broker_log.lower(), broker_log
+
