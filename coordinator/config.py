@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.messages import MAX_AGENTS_PER_ROUND
 from protocol.mqtt import BrokerAddress
 from protocol.topics import check_identifier
 
@@ -69,6 +70,10 @@ class CoordinatorSettings(BaseSettings):
     over_selection: float = Field(default=0.0, ge=0.0, le=10.0, description=(
         "select this fraction more agents than the round wants (0.3: 30% more); the round closes as soon "
         "as the wanted number answered, so a few stragglers or dropouts do not hold it up"))
+    max_agents_per_round: int = Field(default=MAX_AGENTS_PER_ROUND, ge=1, le=MAX_AGENTS_PER_ROUND, description=(
+        "most agents one round (training or the final evaluation) selects; larger fleets are sampled"))
+    max_known_agents: int = Field(default=50_000, ge=1, le=10_000_000, description=(
+        "agents the registry remembers; when full, the longest-silent one is forgotten, or a new one refused"))
     min_available_agents: int = Field(default=2, ge=1)
     quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     min_updates: int = Field(default=1, ge=1)

@@ -16,6 +16,7 @@ agents send them again when they see its new ``session`` re-announce the round.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -62,7 +63,7 @@ class RoundEngine:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         on_round_closed: Callable[[RoundSummary], None] | None = None,
-        on_history_loaded: Callable[[list[RoundSummary]], None] | None = None,
+        on_resumed: Callable[[RoundSummary | None], None] | None = None,
     ) -> None:
         self.settings = settings
         self.strategy = strategy
@@ -72,14 +73,15 @@ class RoundEngine:
         self.clock = clock
         self.wall_clock = wall_clock
         self.on_round_closed = on_round_closed
-        self.on_history_loaded = on_history_loaded
+        self.on_resumed = on_resumed
         self.topics = Topics(settings.federation)
-        self.registry = AgentRegistry(settings.agent_timeout_s)
+        self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.inbound = InboundFilter(self, metrics)
         self.session = secrets.token_hex(6)
         self.run_id = ""
         self.next_round = 1
-        self.history: list[RoundSummary] = []
+        self.last_summary: RoundSummary | None = None
+        """The newest closed round; every round's summary goes to ``on_round_closed`` (the rounds log)."""
         self.finished = False
         self.open: OpenRound | None = None
         self.connected = False
@@ -118,11 +120,12 @@ class RoundEngine:
         self.run_id = saved["run_id"]
         self.next_round = int(saved["next_round"])
         self.finished = bool(saved["finished"])
-        self.history = [RoundSummary.from_dict(s) for s in saved["history"]]
+        last = saved.get("last_summary") or (saved["history"][-1] if saved.get("history") else None)  # format of 2026-11
+        self.last_summary = None if last is None else RoundSummary.from_dict(last)
         self.strategy.load_state_dict(saved["strategy"])
         log.info("resumed run %s at round %d from %s", self.run_id, self.next_round, self.store.directory)
-        if self.on_history_loaded is not None:
-            self.on_history_loaded(self.history)
+        if self.on_resumed is not None:
+            self.on_resumed(self.last_summary)
         self._resume_open_round()
 
     def _resume_open_round(self) -> None:
@@ -157,7 +160,7 @@ class RoundEngine:
             self.metrics.agent_restarts.labels(device).inc()
         if seen.new_reconnects:
             self.metrics.agent_reconnects.labels(device).inc(seen.new_reconnects)
-        if status.state == "offline" and self.open is not None and status.agent_id in self.open.selected:
+        if status.state == "offline" and self.open is not None and status.agent_id in self.open.selected_set:
             self.open.went_offline.add(status.agent_id)
 
     def accept_update(self, update: Update, size: int) -> None:
@@ -222,12 +225,15 @@ class RoundEngine:
                          f" ({spent} more have spent their privacy budget and train no more)" if spent else "")
                 self._last_wait_log = now
             return
-        if task == "train":
-            plan = plan_selection(available, number, seed=s.seed, fraction=s.fraction_fit, minimum=s.min_fit_agents,
-                                  over_selection=s.over_selection)
-            selected, wanted = plan.selected, plan.wanted
-        else:
-            selected, wanted = available, len(available)
+        # The evaluation round asks every agent it may, up to what one announcement can name.
+        fraction, minimum = (s.fraction_fit, s.min_fit_agents) if task == "train" else (1.0, 1)
+        plan = plan_selection(available, number, seed=s.seed, fraction=fraction, minimum=minimum,
+                              over_selection=s.over_selection if task == "train" else 0.0,
+                              maximum=s.max_agents_per_round)
+        selected, wanted = plan.selected, plan.wanted
+        if len(selected) < min(len(available), math.ceil(fraction * len(available))):
+            log.warning("round %d: %d agents available, selecting %d (max_agents_per_round)",
+                        number, len(available), len(selected))
         announcement = RoundAnnouncement(
             run_id=self.run_id, round=number, task=task, algorithm=self.strategy.algorithm,
             training=LocalTraining(epochs=s.local_epochs, learning_rate=s.learning_rate, momentum=s.momentum,
@@ -301,7 +307,7 @@ class RoundEngine:
                       for f, m in metrics_by_family(open_round.updates.values()).items()},
             detail=detail,
         )
-        self.history.append(summary)
+        self.last_summary = summary
         self.next_round = open_round.number + 1
         self.finished = open_round.announcement.task == "evaluate" or (
             self.next_round > self.settings.rounds and not self.settings.evaluate_final)
@@ -350,7 +356,7 @@ class RoundEngine:
         size = self.store.save(CHECKPOINT, {
             "run_id": self.run_id, "algorithm": self.strategy.algorithm, "next_round": self.next_round,
             "finished": self.finished, "strategy": self.strategy.state_dict(),
-            "history": [s.to_dict() for s in self.history],
+            "last_summary": None if self.last_summary is None else self.last_summary.to_dict(),
         })
         self.metrics.checkpointed(size)
 

@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.registry import RegistryFull
 from coordinator.rejects import RejectedUpdate, RejectReason
 from protocol.chunking import Reassembler, receive
 from protocol.errors import ProtocolError
@@ -67,7 +68,11 @@ class InboundFilter:
                          f"status names {status.agent_id}")
             return
         previous = self.engine.registry.get(status.agent_id)
-        self.engine.observe_agent(status)
+        try:
+            self.engine.observe_agent(status)
+        except RegistryFull as exc:
+            self.reject("agent_status", RejectReason.REGISTRY_FULL.value, parsed.agent_id, str(exc))
+            return
         self.engine.privacy.observe(status.agent_id, status.device, status.privacy)
         if previous is None or previous.status.state != status.state:
             spent = f", epsilon {status.privacy.epsilon:.4g}" if status.privacy is not None else ""
@@ -107,7 +112,7 @@ class InboundFilter:
         if update.round != open_round.number:
             raise RejectedUpdate(RejectReason.WRONG_ROUND, f"round {update.round}, open is {open_round.number}")
         record = engine.registry.get(update.agent_id)
-        if update.agent_id not in open_round.selected:
+        if update.agent_id not in open_round.selected_set:
             if record is None:
                 raise RejectedUpdate(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
             raise RejectedUpdate(RejectReason.UNSELECTED, f"not selected for round {update.round}")

@@ -25,7 +25,8 @@ MAX_FAMILY_LABELS = 16
 # Every (kind, reason) the inbound filter can count, so the first drop of each shows in increase().
 _REJECT_LABELS = {
     "update": sorted({r.value for r in Reason} | {r.value for r in RejectReason}),
-    "agent_status": sorted({r.value for r in Reason} | {RejectReason.TOPIC_MISMATCH.value}),
+    "agent_status": sorted({r.value for r in Reason} | {RejectReason.TOPIC_MISMATCH.value,
+                                                      RejectReason.REGISTRY_FULL.value}),
     "unknown": [Reason.BAD_TOPIC.value],
 }
 

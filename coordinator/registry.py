@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from protocol.messages import AgentStatus, PrivacySpent
@@ -39,18 +39,33 @@ class Observation:
     """Reconnects it made since the last status this coordinator saw."""
 
 
+class RegistryFull(Exception):
+    """Every remembered agent was heard within the timeout: a new one cannot be taken in."""
+
+
 class AgentRegistry:
-    def __init__(self, timeout_s: float) -> None:
+    """Bounded: at most ``capacity`` agents. Records are kept in the order they were last heard,
+    so when a new agent arrives at capacity the longest-silent one is forgotten in O(1) - if it
+    was silent past the timeout; otherwise the newcomer is refused (``RegistryFull``), and a
+    flood of made-up ids cannot push live agents out or grow memory."""
+
+    def __init__(self, timeout_s: float, capacity: int = 50_000) -> None:
         self.timeout_s = timeout_s
-        self._agents: dict[str, AgentRecord] = {}
+        self.capacity = capacity
+        self._agents: OrderedDict[str, AgentRecord] = OrderedDict()
 
     def observe(self, status: AgentStatus, now: float) -> Observation:
-        """Record ``status`` and say how it differs from the previous one.
+        """Record ``status`` and say how it differs from the previous one; raises RegistryFull.
 
         Reconnects are counted from the second status of a process on, so that a coordinator
         restart does not count the fleet's earlier reconnects again.
         """
         previous = self._agents.get(status.agent_id)
+        if previous is None and len(self._agents) >= self.capacity:
+            oldest = next(iter(self._agents.values()))
+            if oldest.heard_within(now, self.timeout_s):
+                raise RegistryFull(f"{len(self._agents)} agents known, all heard within {self.timeout_s:g}s")
+            del self._agents[oldest.agent_id]
         restarted = (previous is not None and status.session is not None
                      and previous.status.session is not None and status.session != previous.status.session)
         if previous is None:
@@ -61,6 +76,7 @@ class AgentRegistry:
             new_reconnects = max(0, status.reconnects - previous.reconnects)
         seen = status.reconnects if previous is None or restarted else max(previous.reconnects, status.reconnects)
         self._agents[status.agent_id] = AgentRecord(status, now, seen)
+        self._agents.move_to_end(status.agent_id)
         return Observation(restarted=restarted, new_reconnects=new_reconnects)
 
     def budget_spent(self, agent_id: str, privacy: PrivacySpent) -> None:

@@ -18,6 +18,8 @@ class RejectReason(str, Enum):
     WRONG_FAMILY = "wrong_family"
     STALE_BASE = "stale_base"
     MISSING_PAYLOAD = "missing_payload"
+    REGISTRY_FULL = "registry_full"
+    """A status from a new agent while the registry holds its maximum of live agents."""
     BAD_SHAPE = "bad_shape"
     """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
     (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""

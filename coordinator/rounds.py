@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +34,11 @@ class OpenRound:
     @property
     def selected(self) -> list[str]:
         return self.announcement.selected
+
+    @functools.cached_property
+    def selected_set(self) -> frozenset[str]:
+        """For membership tests: one per inbound message, over up to 10,000 names."""
+        return frozenset(self.announcement.selected)
 
     def enough_answered(self) -> bool:
         return len(self.updates) >= min(self.wanted, len(self.selected))
