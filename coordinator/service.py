@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -17,8 +16,8 @@ from coordinator.engine import RoundEngine
 from coordinator.http_server import HealthServer
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.rounds import RoundSummary
+from coordinator.rounds_log import RoundsLog
 from coordinator.strategies import build_strategy
-from protocol.durable import atomic_write_bytes
 from protocol.mqtt import Backoff, Connection, MqttLink, Will
 
 log = logging.getLogger(__name__)
@@ -29,10 +28,11 @@ STALL_S = 30.0
 class CoordinatorService:
     def __init__(self, settings: CoordinatorSettings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
+        self.rounds_log = RoundsLog(Path(settings.state_dir) / "rounds.jsonl")
         self.metrics = CoordinatorMetrics(registry)
         self.engine = RoundEngine(
             settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
-            on_round_closed=self._append_summary, on_history_loaded=self._reconcile_rounds_log,
+            on_round_closed=self._round_closed, on_resumed=self._resumed,
         )
         self._inbox: queue.Queue[tuple[str, object, object]] = queue.Queue()
         self._link: MqttLink | None = None
@@ -104,36 +104,11 @@ class CoordinatorService:
                 log.warning("lost the broker connection")
             self.engine.on_connection(False)
 
-    @property
-    def rounds_log(self) -> Path:
-        return Path(self.settings.state_dir) / "rounds.jsonl"
+    def _round_closed(self, summary: RoundSummary) -> None:
+        self.rounds_log.append(summary)
 
-    def _append_summary(self, summary: RoundSummary) -> None:
-        with self.rounds_log.open("a") as handle:
-            handle.write(json.dumps(summary.to_dict()) + "\n")
-
-    def _reconcile_rounds_log(self, history: list[RoundSummary]) -> None:
-        """Make rounds.jsonl agree with the checkpoint after a crash between the two writes.
-
-        A line torn by a crash mid-write is dropped; rounds the checkpoint has but the log lacks
-        are appended.
-        """
-        text = self.rounds_log.read_text() if self.rounds_log.exists() else ""
-        kept, logged = [], set()
-        for line in text.splitlines():
-            try:
-                logged.add(int(json.loads(line)["round"]))
-            except (ValueError, KeyError, TypeError):
-                continue
-            kept.append(line)
-        if len(kept) != len(text.splitlines()):
-            log.warning("dropped %d torn line(s) from %s", len(text.splitlines()) - len(kept), self.rounds_log)
-            atomic_write_bytes(self.rounds_log, "".join(f"{line}\n" for line in kept).encode())
-        missing = [s for s in history if s.round not in logged]
-        if missing:
-            log.info("rounds.jsonl lacked round(s) %s; appended them from the checkpoint", [s.round for s in missing])
-        for summary in missing:
-            self._append_summary(summary)
+    def _resumed(self, last: RoundSummary | None) -> None:
+        self.rounds_log.reconcile(last)
 
     def _healthy(self) -> tuple[bool, str]:
         stalled = time.monotonic() - self._last_loop

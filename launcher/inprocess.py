@@ -75,5 +75,5 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
     if not finished:
         raise TimeoutError(f"federation did not finish within {timeout_s:.0f}s "
                            f"(reached round {service.engine.next_round - 1})")
-    return FederationResult(service.engine.history, service.engine.strategy, fleet, service,
+    return FederationResult(list(service.rounds_log.read()), service.engine.strategy, fleet, service,
                             time.perf_counter() - started)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.checkpoint import CheckpointStore
+from coordinator.rounds_log import RoundsLog
 from launcher.broker import MosquittoBroker
 from launcher.fleet import Fleet, default_fleet
 from tests.integration.chaos import CHEAP_DEVICES, WireView, round_figures, small_fleet, write_figures
@@ -100,10 +101,11 @@ def test_coordinator_killed_twice_resumes_without_losing_rounds(tmp_path: Path, 
         assert len({a.payload for a in announced if a.announcement.round == number}) == 1, number
     assert len({status.session for _, status in wire.coordinator_statuses()}) == 3
 
-    # The checkpoint on disk holds the whole run.
+    # The checkpoint on disk is the finished run's; the rounds log holds every round once.
     checkpoint = CheckpointStore(fleet.coordinator_dir).load("checkpoint")
     assert checkpoint is not None and checkpoint["finished"] and checkpoint["next_round"] == ROUNDS + 2
-    assert [s["round"] for s in checkpoint["history"]] == list(range(1, ROUNDS + 2))
+    assert checkpoint["last_summary"]["round"] == ROUNDS + 1
+    assert [s.round for s in RoundsLog(fleet.rounds_path).read()] == list(range(1, ROUNDS + 2))
 
     # The agents are the processes started at the beginning: none was restarted.
     assert fleet.coordinator.starts == 3

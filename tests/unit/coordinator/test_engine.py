@@ -12,6 +12,7 @@ from coordinator.checkpoint import CheckpointStore
 from coordinator.config import CoordinatorSettings
 from coordinator.engine import RoundEngine
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.rounds import RoundSummary
 from coordinator.strategies import build_strategy
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.topics import Topics
@@ -104,7 +105,7 @@ def test_full_round_aggregates_and_publishes_the_new_state(tmp_path: Path) -> No
     send(engine, update(engine, "a", 1, samples=10, weights=weights(1.0)))
     send(engine, update(engine, "b", 1, samples=30, weights=weights(3.0)))
     engine.tick()  # everyone answered: closes without waiting for the deadline
-    assert engine.history[-1].outcome == "completed"
+    assert engine.last_summary.outcome == "completed"
     engine.tick()  # opens round 2 and publishes the aggregated state
     state = decode_message(outbox.last(TOPICS.global_state("f", 2)), GlobalState)
     np.testing.assert_allclose(state.weights["w"], 2.5)  # (10 * 1 + 30 * 3) / 40
@@ -150,7 +151,7 @@ def test_a_bootstrap_layout_outvoted_by_the_majority_is_dropped(tmp_path: Path) 
     send(engine, update(engine, "b", 1))
     send(engine, update(engine, "c", 1))
     engine.tick()
-    assert engine.history[-1].outcome == "completed"
+    assert engine.last_summary.outcome == "completed"
     assert rejected(metrics, "bad_shape") == 1
     assert engine.strategy.states["f"].weights["w"].shape == (2, 3)
 
@@ -166,7 +167,7 @@ def test_deadline_closes_with_quorum_and_counts_stragglers(tmp_path: Path) -> No
     assert engine.open is not None
     clock.now += 0.2
     engine.tick()
-    closed = engine.history[-1]
+    closed = engine.last_summary
     assert (closed.outcome, closed.answered, closed.stragglers) == ("completed", 1, 1)
     send(engine, update(engine, "b", 1))
     assert rejected(metrics, "late") == 1
@@ -180,7 +181,7 @@ def test_missed_quorum_closes_the_round_and_moves_on(tmp_path: Path) -> None:
     send(engine, update(engine, "a", 1))
     clock.now += 11
     engine.tick()
-    assert engine.history[-1].outcome == "quorum_missed"
+    assert engine.last_summary.outcome == "quorum_missed"
     assert engine.strategy.states == {}  # nothing aggregated
     engine.tick()
     assert engine.open is not None and engine.open.number == 2
@@ -201,12 +202,12 @@ def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     assert again.run_id == engine.run_id
     assert again.open is not None and again.open.number == 2  # deadline not passed: same round continues
     assert again.strategy.states["f"].digest == digest
-    assert [s.round for s in again.history] == [1]
+    assert again.last_summary is not None and again.last_summary.round == 1
     assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).round == 2
 
     clock.now += 60  # restarted after the deadline, without a grace period: closed as interrupted, numbers move on
     third, _, _ = make_engine(tmp_path, clock, resume_grace_s=0.0)
-    assert third.history[-1].outcome == "interrupted" and third.next_round == 3 and third.open is None
+    assert third.last_summary is not None and third.last_summary.outcome == "interrupted" and third.next_round == 3 and third.open is None
 
 
 def test_a_different_algorithm_refuses_the_checkpoint(tmp_path: Path) -> None:
@@ -224,13 +225,15 @@ def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run
     clock = Clock()
     engine, outbox, metrics = make_engine(tmp_path, clock, aggregator="krum", byzantine_f=1, min_available_agents=4,
                                           min_fit_agents=4)
+    closed: list[RoundSummary] = []
+    engine.on_round_closed = closed.append
     for agent_id in ("a", "b", "c", "d"):
         hello(engine, agent_id)
     engine.tick()
     for agent_id in ("a", "b", "c", "d"):
         send(engine, update(engine, agent_id, 1))
     engine.tick()  # everyone answered, but Krum with f = 1 needs n > 4
-    failed = engine.history[-1]
+    failed = engine.last_summary
     assert (failed.round, failed.outcome, failed.reason) == (1, "failed", "too_few_updates")
     assert failed.detail is not None and "n > 2f + 2 = 4, got n=4" in failed.detail
     assert engine.strategy.states == {}  # nothing changed
@@ -238,6 +241,8 @@ def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run
     assert metrics.registry.get_sample_value("fl_aggregation_failures_total", {"reason": "too_few_updates"}) == 1
     labels = {"version": SOFTWARE_VERSION, "federation": "t", "algorithm": "fedavg", "aggregator": "krum(f=1)"}
     assert metrics.registry.get_sample_value("fl_coordinator_info", labels) == 1
+    again, _, _ = make_engine(tmp_path, clock, aggregator="krum", byzantine_f=1)  # the summary survives a restart
+    assert again.last_summary is not None and again.last_summary.detail == failed.detail
 
     hello(engine, "e")  # a fifth agent: the next round has enough updates
     engine.tick()
@@ -246,15 +251,15 @@ def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run
     for agent_id in ("a", "b", "c", "d", "e"):
         send(engine, update(engine, agent_id, 2))
     engine.tick()
-    assert engine.history[-1].outcome == "completed" and engine.strategy.states["f"].round == 3
-    assert [s.reason for s in engine.history] == ["too_few_updates", None]
-    again, _, _ = make_engine(tmp_path, clock, aggregator="krum", byzantine_f=1)  # the summary survives a restart
-    assert again.history[0].detail == failed.detail
+    assert engine.last_summary.outcome == "completed" and engine.strategy.states["f"].round == 3
+    assert [s.reason for s in closed] == ["too_few_updates", None]
 
 
 def test_a_state_that_overflows_fails_the_round_and_the_coordinator_carries_on(tmp_path: Path) -> None:
     clock = Clock()
     engine, outbox, metrics = make_engine(tmp_path, clock)
+    closed: list[RoundSummary] = []
+    engine.on_round_closed = closed.append
     hello(engine, "a"), hello(engine, "b")
     engine.tick()
     send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
@@ -266,7 +271,7 @@ def test_a_state_that_overflows_fails_the_round_and_the_coordinator_carries_on(t
                                                                                          delta=huge))
         engine.tick()
         engine.tick()
-    assert [(s.outcome, s.reason) for s in engine.history] == [
+    assert [(s.outcome, s.reason) for s in closed] == [
         ("completed", None), ("completed", None), ("failed", "non_finite_result")]
     assert metrics.registry.get_sample_value("fl_aggregation_failures_total", {"reason": "non_finite_result"}) == 1
     assert np.isfinite(engine.strategy.states["f"].weights["w"]).all() and engine.strategy.states["f"].round == 3

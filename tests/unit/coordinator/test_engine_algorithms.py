@@ -45,7 +45,7 @@ def test_scaffold_scales_the_server_variate_by_the_agents_the_coordinator_knows(
     engine.tick()
     state = decode_message(outbox.last(TOPICS.global_state("f", 2)), GlobalState)
     np.testing.assert_allclose(state.control["w"], 2 / 4 * 4.0)  # 2 answered of the 4 known
-    assert engine.history[-1].outcome == "completed"
+    assert engine.last_summary.outcome == "completed"
 
 
 def test_fedproto_announces_its_parameters_and_publishes_prototypes_to_every_family(tmp_path: Path) -> None:

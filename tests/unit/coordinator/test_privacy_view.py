@@ -43,7 +43,7 @@ def test_epsilon_is_exported_by_device_and_fleet_max_from_updates_and_statuses(t
 
     send(engine, update(engine, "b", 1))
     engine.tick()
-    closed = engine.history[-1]
+    closed = engine.last_summary
     assert (closed.epsilon_max, closed.budget_exhausted) == (6.5, 1)
 
 
@@ -73,7 +73,7 @@ def test_agents_without_dp_leave_privacy_out_of_the_summary(tmp_path: Path) -> N
     engine.tick()
     send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
     engine.tick()
-    assert engine.history[-1].epsilon_max is None
+    assert engine.last_summary.epsilon_max is None
     assert gauge(metrics, "fl_privacy_epsilon_max") == 0.0  # an unlabelled gauge always exports
     assert gauge(metrics, "fl_privacy_epsilon", device="rpi") is None
 

@@ -41,7 +41,7 @@ def test_over_selection_closes_once_the_wanted_number_answered(tmp_path: Path) -
     for agent_id in engine.open.selected[:3]:
         send(engine, update(engine, agent_id, 1))
     engine.tick()  # three of five answered: enough, long before the deadline
-    closed = engine.history[-1]
+    closed = engine.last_summary
     assert (closed.outcome, closed.answered, closed.surplus, closed.stragglers, closed.dropouts) == (
         "completed", 3, 2, 0, 0)
     assert closed.quorum == 2  # half of the wanted three, not of the five selected
@@ -59,7 +59,7 @@ def test_over_selection_quorum_counts_against_the_wanted_number(tmp_path: Path) 
     send(engine, update(engine, engine.open.selected[0], 1))
     clock.now += 11
     engine.tick()
-    closed = engine.history[-1]
+    closed = engine.last_summary
     assert (closed.outcome, closed.quorum, closed.stragglers) == ("quorum_missed", 2, 3)
 
 
@@ -74,7 +74,7 @@ def test_an_agent_that_went_offline_mid_round_is_a_dropout_even_when_back(tmp_pa
     send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
     clock.now += 11
     engine.tick()
-    closed = engine.history[-1]
+    closed = engine.last_summary
     assert (closed.outcome, closed.answered, closed.dropouts, closed.stragglers) == ("completed", 2, 1, 1)
     assert counter(metrics, "fl_dropouts_total") == 1 and counter(metrics, "fl_stragglers_total") == 1
     assert counter(metrics, "fl_agent_restarts_total", device="rpi") == 1
@@ -147,7 +147,7 @@ def test_a_restart_after_the_deadline_collects_for_a_grace_period(tmp_path: Path
     send(again, first_update)  # resent by the agent
     send(again, update(again, "b", 1))
     again.tick()
-    closed = again.history[-1]
+    closed = again.last_summary
     assert (closed.round, closed.outcome, closed.answered) == (1, "completed", 2)
     assert closed.duration_s >= 60  # measured from the announcement, not from the restart
     assert again.next_round == 2
@@ -172,12 +172,14 @@ def test_the_rounds_log_is_completed_from_the_checkpoint(tmp_path: Path) -> None
     clock = Clock()
     engine, _, _ = make_engine(tmp_path, clock)
     hello(engine, "a"), hello(engine, "b")
+    closed = []
     for number in (1, 2):
         engine.tick()
         send(engine, update(engine, "a", number)), send(engine, update(engine, "b", number))
         engine.tick()
+        closed.append(engine.last_summary)
     log_path = tmp_path / "state" / "rounds.jsonl"
-    log_path.write_text(json.dumps(engine.history[0].to_dict()) + "\n" + '{"round": 2, "torn')  # crashed mid-line
+    log_path.write_text(json.dumps(closed[0].to_dict()) + "\n" + '{"round": 2, "torn')  # crashed mid-line
     settings = CoordinatorSettings(federation="t", state_dir=tmp_path / "state", rounds=3, http_port=0)
     service = CoordinatorService(settings, CollectorRegistry())
     service.engine.restore()
