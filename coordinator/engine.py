@@ -20,18 +20,18 @@ import math
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from typing import Protocol
 
-from coordinator.aggregation import AggregationError
 from coordinator.checkpoint import CheckpointStore
+from coordinator.closing import Closure, InlineExecutor, aggregate, summarise, with_checkpoint_time
 from coordinator.config import CoordinatorSettings
-from coordinator.evaluation import federated_metrics, metrics_by_family
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.privacy import FleetPrivacy
 from coordinator.registry import AgentRegistry
 from coordinator.retained import RetainedStates
-from coordinator.rounds import FamilySummary, OpenRound, RoundSummary
+from coordinator.rounds import OpenRound, RoundSummary
 from coordinator.selection import plan_selection
 from coordinator.strategies.base import Strategy
 from protocol.chunking import split_payload
@@ -64,6 +64,7 @@ class RoundEngine:
         wall_clock: Callable[[], float] = time.time,
         on_round_closed: Callable[[RoundSummary], None] | None = None,
         on_resumed: Callable[[RoundSummary | None], None] | None = None,
+        background: Executor | None = None,
     ) -> None:
         self.settings = settings
         self.strategy = strategy
@@ -74,6 +75,9 @@ class RoundEngine:
         self.wall_clock = wall_clock
         self.on_round_closed = on_round_closed
         self.on_resumed = on_resumed
+        self.background = background or InlineExecutor()
+        """Where rounds are aggregated and checkpointed: a thread in the service, inline in unit tests."""
+        self.closing: tuple[Closure, Future[Closure]] | None = None
         self.topics = Topics(settings.federation)
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.inbound = InboundFilter(self, metrics)
@@ -108,7 +112,7 @@ class RoundEngine:
         self.retained.load()
         if saved is None:
             self.run_id = secrets.token_hex(6)
-            self._save_checkpoint()
+            self.metrics.checkpointed(self._save_checkpoint(self.next_round, self.finished, None))
             log.info("new run %s: %s with %s, %d rounds", self.run_id, self.strategy.algorithm,
                      self.strategy.aggregator.describe(), self.settings.rounds)
             return
@@ -138,14 +142,15 @@ class RoundEngine:
         remaining = announcement.deadline_s - age
         wanted = int(saved.get("wanted", len(announcement.selected)))
         if remaining <= 0 and self.settings.resume_grace_s <= 0:
-            interrupted = OpenRound(announcement, saved["announcement"], now, now - age, wanted)
-            self.open = interrupted
-            self._finish_round(interrupted, "interrupted", "coordinator restarted after the deadline", now)
+            self.open = OpenRound(announcement, saved["announcement"], now, now - age, wanted)
+            self.strategy.begin_round()
+            self._close_round(now, ("interrupted", "coordinator restarted after the deadline"))
             return
         # Past its deadline, the round still waits a grace period for the updates the broker queued
         # for us and those agents resend to the new session, rather than throw finished work away.
         remaining = max(remaining, self.settings.resume_grace_s)
         self.open = OpenRound(announcement, saved["announcement"], now + remaining, now - age, wanted)
+        self.strategy.begin_round()
         log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
 
     # -- inputs ----------------------------------------------------------------------
@@ -166,7 +171,7 @@ class RoundEngine:
     def accept_update(self, update: Update, size: int) -> None:
         """Called by the inbound filter for an update that passed every check."""
         assert self.open is not None
-        self.open.updates[update.agent_id] = update
+        self.open.updates[update.agent_id] = self.strategy.admit(update)
         self.open.bytes_in += size
         self.metrics.updates.labels("accepted").inc()
         record = self.registry.get(update.agent_id)
@@ -201,6 +206,11 @@ class RoundEngine:
         """Advance on the clock; returns how long the caller may wait before the next tick."""
         now = self.clock()
         self._refresh_online_gauges(now)
+        if self.closing is not None:
+            if not self.closing[1].done():
+                return 0.05
+            self._apply_close()
+            return 0.0
         if self.finished:
             return 1.0
         if self.open is None:
@@ -246,9 +256,12 @@ class RoundEngine:
         self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": payload,
                                      "wanted": wanted})
         self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
+        self.strategy.begin_round()
+        started = time.perf_counter()
         self.open.bytes_out += self._publish_states()
         self.open.bytes_out += self._publish(self.topics.rounds_current, payload, "round", retain=True)
         self._publish_status("online")
+        self.open.publish_s = time.perf_counter() - started
         self.metrics.current_round.set(number)
         self.metrics.round_deadline.set(s.round_deadline_s)
         self.metrics.agents_selected.inc(len(selected))
@@ -258,62 +271,68 @@ class RoundEngine:
                  number, task, len(selected), len(available), wanted, s.round_deadline_s)
 
     # -- closing -----------------------------------------------------------------------
-    def _close_round(self, now: float) -> None:
+    def _close_round(self, now: float, ending: tuple[str, str] | None = None) -> None:
+        """Decide on the loop what needs the registry and the clock; aggregate and checkpoint in the background.
+
+        The round stops admitting updates here (later ones are late); the next one opens once
+        the background job is done and applied.
+        """
         open_round = self.open
         assert open_round is not None
         quorum = open_round.quorum(self.settings.quorum_fraction, self.settings.min_updates)
-        if len(open_round.updates) < quorum:
-            self._finish_round(open_round, "quorum_missed",
-                               f"{len(open_round.updates)} of {quorum} needed answered", now)
-            return
-        if open_round.announcement.task == "train":
-            started = time.perf_counter()
-            try:
-                dropped = self.strategy.aggregate(open_round.number, list(open_round.updates.values()),
-                                                  population=self.registry.count_by_family())
-            except AggregationError as exc:
-                log.error("round %d failed to aggregate with %s: %s", open_round.number,
-                          self.strategy.aggregator.describe(), exc)
-                self.metrics.aggregation_failures.labels(exc.reason).inc()
-                self._finish_round(open_round, "failed", exc.reason, now, detail=exc.detail)
-                return
-            self.metrics.aggregation_duration.observe(time.perf_counter() - started)
-            for drop in dropped:
-                open_round.rejected += 1
-                self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
-        self._finish_round(open_round, "completed", None, now)
-
-    def _finish_round(self, open_round: OpenRound, outcome: str, reason: str | None, now: float,
-                      detail: str | None = None) -> None:
+        outcome, reason = ending or ("completed", None)
+        if ending is None and len(open_round.updates) < quorum:
+            outcome, reason = "quorum_missed", f"{len(open_round.updates)} of {quorum} needed answered"
         missing = set(open_round.selected) - open_round.updates.keys()
         dropouts = {a for a in missing if a in open_round.went_offline or not self.registry.is_online(a, now)}
         # Closed early (enough answered): the rest were over-selected, not late.
-        early = now < open_round.deadline
-        stragglers = set() if early else missing - dropouts
-        surplus = missing - dropouts - stragglers
-        overall = federated_metrics(open_round.updates.values())
-        summary = RoundSummary(
-            round=open_round.number, task=open_round.announcement.task, outcome=outcome, reason=reason,
-            selected=len(open_round.selected), answered=len(open_round.updates), stragglers=len(stragglers),
-            dropouts=len(dropouts), surplus=len(surplus), rejected=open_round.rejected,
-            quorum=open_round.quorum(self.settings.quorum_fraction, self.settings.min_updates),
-            duration_s=round(now - open_round.opened, 3), deadline_s=open_round.announcement.deadline_s,
-            bytes_in=open_round.bytes_in, bytes_out=open_round.bytes_out,
-            accuracy=overall.accuracy, loss=overall.loss, train_loss=overall.train_loss,
-            closed_at=self.wall_clock(), epsilon_max=self.privacy.epsilon_max,
-            budget_exhausted=self.privacy.exhausted,
-            families={f: FamilySummary(len([u for u in open_round.updates.values() if u.family == f]),
-                                       m.accuracy, m.loss)
-                      for f, m in metrics_by_family(open_round.updates.values()).items()},
-            detail=detail,
+        stragglers = set() if now < open_round.deadline else missing - dropouts
+        next_round = open_round.number + 1
+        closure = Closure(
+            open_round=open_round, outcome=outcome, reason=reason, stragglers=stragglers, dropouts=dropouts,
+            surplus=missing - dropouts - stragglers, quorum=quorum, population=self.registry.count_by_family(),
+            epsilon_max=self.privacy.epsilon_max, budget_exhausted=self.privacy.exhausted, next_round=next_round,
+            finished=open_round.announcement.task == "evaluate" or (
+                next_round > self.settings.rounds and not self.settings.evaluate_final),
+            closed_at=self.wall_clock(), collect_s=max(0.0, now - open_round.opened),
         )
-        self.last_summary = summary
-        self.next_round = open_round.number + 1
-        self.finished = open_round.announcement.task == "evaluate" or (
-            self.next_round > self.settings.rounds and not self.settings.evaluate_final)
-        self._save_checkpoint()
         self.open = None
-        self._record(summary, stragglers, dropouts)
+        self.next_round = next_round  # updates for the closing round are now late
+        self.closing = (closure, self.background.submit(self._aggregate_and_checkpoint, closure))
+        if self.closing[1].done():
+            self._apply_close()
+
+    def _aggregate_and_checkpoint(self, closure: Closure) -> Closure:
+        """The background job: the only code touching the strategy's states and the checkpoint meanwhile."""
+        aggregate(closure, self.strategy)
+        closure.summary = summarise(closure)
+        started = time.perf_counter()
+        closure.checkpoint_bytes = self._save_checkpoint(closure.next_round, closure.finished, closure.summary)
+        closure.checkpoint_s = time.perf_counter() - started
+        return closure
+
+    def _apply_close(self) -> None:
+        assert self.closing is not None
+        closure = self.closing[1].result()  # anything but an AggregationError is a bug: let it stop the process
+        self.closing = None
+        assert closure.summary is not None
+        summary = with_checkpoint_time(closure.summary, closure.checkpoint_s)
+        m = self.metrics
+        m.checkpointed(closure.checkpoint_bytes)
+        if closure.failure is not None:
+            log.error("round %d failed to aggregate with %s: %s", summary.round, self.strategy.aggregator.describe(),
+                      closure.failure)
+            m.aggregation_failures.labels(closure.failure.reason).inc()
+        elif closure.open_round.announcement.task == "train" and closure.outcome == "completed":
+            m.aggregation_duration.observe(closure.aggregate_s)
+        for drop in closure.dropped:
+            self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
+        for phase, seconds in (("publish", summary.publish_s), ("collect", summary.collect_s),
+                               ("aggregate", summary.aggregate_s), ("checkpoint", summary.checkpoint_s)):
+            m.round_phase.labels(phase).observe(seconds or 0.0)
+        self.last_summary = summary
+        self.finished = closure.finished
+        self._record(summary, closure.stragglers, closure.dropouts)
         if self.finished:
             self._publish_states()  # the final model, for whoever fetches it
             self._publish_status("finished")
@@ -352,18 +371,18 @@ class RoundEngine:
             self.on_round_closed(summary)
 
     # -- output ------------------------------------------------------------------------
-    def _save_checkpoint(self) -> None:
-        size = self.store.save(CHECKPOINT, {
-            "run_id": self.run_id, "algorithm": self.strategy.algorithm, "next_round": self.next_round,
-            "finished": self.finished, "strategy": self.strategy.state_dict(),
-            "last_summary": None if self.last_summary is None else self.last_summary.to_dict(),
+    def _save_checkpoint(self, next_round: int, finished: bool, last_summary: RoundSummary | None) -> int:
+        """What resuming needs, and no more: its size does not grow with the run (the rounds log does)."""
+        return self.store.save(CHECKPOINT, {
+            "run_id": self.run_id, "algorithm": self.strategy.algorithm, "next_round": next_round,
+            "finished": finished, "strategy": self.strategy.state_dict(),
+            "last_summary": None if last_summary is None else last_summary.to_dict(),
         })
-        self.metrics.checkpointed(size)
 
     def _publish_states(self) -> int:
         """Publish (retained) every family state not yet sent on this connection; clear superseded ones."""
         sent = 0
-        for family, state in self.strategy.states.items():
+        for family, state in list(self.strategy.states.items()):
             if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
             payload = encode_message(state.message(self.run_id, family))

@@ -40,7 +40,7 @@ class CoordinatorMetrics:
         r = self.registry
         self.info = Info("fl_coordinator", "Coordinator build and configuration", registry=r)
         self.rounds = Counter("fl_rounds_total", "Rounds closed, by outcome", ["outcome"], registry=r)
-        self.round_duration = Histogram("fl_round_duration_seconds", "Wall time from announcement to close",
+        self.round_duration = Histogram("fl_round_duration_seconds", "Wall time from opening to the new state checkpointed (aggregation included)",
                                         buckets=_ROUND_BUCKETS, registry=r)
         self.current_round = Gauge("fl_round_current", "Number of the round in progress or last closed", registry=r)
         self.round_deadline = Gauge("fl_round_deadline_seconds", "Deadline of the current round", registry=r)
@@ -69,6 +69,10 @@ class CoordinatorMetrics:
                                             registry=r)
         self.aggregation_duration = Histogram("fl_aggregation_duration_seconds", "Time to aggregate one round",
                                               buckets=_AGGREGATION_BUCKETS, registry=r)
+        self.round_phase = Histogram("fl_round_phase_seconds",
+                                     "Time a round spent per phase: publish (its announcement and states), "
+                                     "collect (until it closed), aggregate and checkpoint (off the message loop)",
+                                     ["phase"], buckets=_ROUND_BUCKETS, registry=r)
         self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
                                    ["device"], registry=r)
         self.accuracy = Gauge("fl_federated_accuracy_ratio",

@@ -26,6 +26,7 @@ class OpenRound:
     bytes_in: int = 0
     bytes_out: int = 0
     rejected: int = 0
+    publish_s: float = 0.0
 
     @property
     def number(self) -> int:
@@ -87,6 +88,13 @@ class RoundSummary:
     """Agents whose DP budget was spent by the round's close."""
     detail: str | None = None
     """What exactly went wrong, for a round that did not complete (``reason`` is the bounded code)."""
+    publish_s: float | None = None
+    """Seconds spent publishing the round's global states and announcement when it opened."""
+    collect_s: float | None = None
+    """Seconds from opening until it closed (enough answers, or the deadline)."""
+    aggregate_s: float | None = None
+    checkpoint_s: float | None = None
+    """Both off the message loop; ``duration_s`` is publish + collect + aggregate + checkpoint."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

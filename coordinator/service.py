@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -30,9 +31,11 @@ class CoordinatorService:
         self.settings = settings
         self.rounds_log = RoundsLog(Path(settings.state_dir) / "rounds.jsonl")
         self.metrics = CoordinatorMetrics(registry)
+        # One thread aggregates and checkpoints while the loop keeps serving messages and health checks.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregate")
         self.engine = RoundEngine(
             settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
-            on_round_closed=self._round_closed, on_resumed=self._resumed,
+            on_round_closed=self._round_closed, on_resumed=self._resumed, background=self._background,
         )
         self._inbox: queue.Queue[tuple[str, object, object]] = queue.Queue()
         self._link: MqttLink | None = None
@@ -70,6 +73,7 @@ class CoordinatorService:
                 self.publish(topics.coordinator_status, self.engine.offline_status(), retain=True)
             self._link.stop()
             self.http.stop()
+            self._background.shutdown(wait=True)
         return 0
 
     def _loop(self, stop: threading.Event) -> None:

@@ -9,9 +9,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from coordinator.aggregation import AggregationError, FailureReason
+from coordinator.aggregation import AggregationError, FailureReason, weighted_mean
 from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.strategies.folding import FOLD_RULES, RoundFolds
 from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.messages import Algorithm, GlobalState, Update
 
@@ -77,10 +78,41 @@ class Strategy(ABC):
     """
 
     algorithm: ClassVar[Algorithm]
+    folds_payloads: ClassVar[bool] = True
+    """Whether payloads may be folded into running means on receipt (see ``begin_round``)."""
 
     def __init__(self, aggregator: Aggregator | AggregateFn) -> None:
         self.aggregator = Aggregator.of(aggregator)
         self.states: dict[str, FamilyState] = {}
+        self.folds: RoundFolds | None = None
+
+    # -- one round's payloads ------------------------------------------------------------
+    def begin_round(self) -> None:
+        """A round opens: under the plain weighted mean, fold each accepted payload in as it arrives."""
+        streaming = self.folds_payloads and self.aggregator.rule is weighted_mean and not self.aggregator.params
+        self.folds = RoundFolds(self.aggregator.clip_norm) if streaming else None
+
+    def admit(self, update: Update) -> Update:
+        """Take in an accepted update; returns what the round must keep of it (its arrays may be folded away)."""
+        return update if self.folds is None else self.folds.add(update)
+
+    def combine(self, group: Sequence[Update], payload: str) -> dict[str, np.ndarray]:
+        """The configured rule over field ``payload`` of ``group``, weighted and clipped as FOLD_RULES says."""
+        if self.folds is not None:
+            return self.folds.mean(group, payload)
+        rule = FOLD_RULES[payload]
+        values = [getattr(u, payload) for u in group]
+        weights = [float(u.num_samples) if rule.by_samples else 1.0 for u in group]
+        return self.aggregator(values, weights) if rule.clipped else self.aggregator.unclipped(values, weights)
+
+    def majority_layout(self, updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
+        """:func:`majority_by` the layout of field ``payload`` (as folded, when it was)."""
+        def key(update: Update) -> Hashable:
+            folded = self.folds.layout(update, payload) if self.folds is not None else None
+            return folded if folded is not None else tuple(
+                sorted((n, s, d) for n, (s, d) in layout_of(getattr(update, payload)).items()))
+
+        return majority_by(updates, key, payload)
 
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:
         """Algorithm hyper-parameters announced with the round."""
@@ -141,14 +173,6 @@ def majority_by(updates: Sequence[Update], key: Callable[[Update], Hashable],
     dropped = [Dropped(u.agent_id, RejectReason.BAD_SHAPE, f"{what} layout differs from the majority's")
                for u in updates if id(u) not in kept]
     return best, dropped
-
-
-def majority_layout(updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
-    """:func:`majority_by` the layout of the named arrays in field ``payload``."""
-    def key(update: Update) -> Hashable:
-        return tuple(sorted((name, shape, dtype) for name, (shape, dtype) in layout_of(getattr(update, payload)).items()))
-
-    return majority_by(updates, key, payload)
 
 
 def check_base(update: Update, state: FamilyState | None) -> None:

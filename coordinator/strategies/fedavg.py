@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from coordinator.aggregators import AggregateFn, Aggregator
-from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, majority_layout
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
 from protocol.messages import Update
 
 
@@ -45,12 +45,11 @@ class FedAvg(Strategy):
             state = self.states.get(family)
             if state is None:
                 # Bootstrap: absolute weights, all trained from one seeded init; nothing to clip.
-                group, left_out = majority_layout(group, "weights")
+                group, left_out = self.majority_layout(group, "weights")
                 dropped += left_out
-                merged = self.aggregator.unclipped([u.weights for u in group], [float(u.num_samples) for u in group])
+                merged = self.combine(group, "weights")
             else:
-                weights = [float(u.num_samples) for u in group]
-                mean_delta = self.aggregator([u.delta for u in group], weights)
+                mean_delta = self.combine(group, "delta")
                 merged = apply_delta(state.weights, mean_delta, self.server_learning_rate)
             new_states[family] = FamilyState(round=round_number + 1, weights=merged)
         self.states.update(new_states)  # only once every family aggregated: a failure changes nothing

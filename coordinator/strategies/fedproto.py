@@ -76,6 +76,7 @@ def normalize_rows(prototypes: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 class FedProto(Strategy):
     algorithm = "fedproto"
+    folds_payloads = False  # prototypes are small, and weighted per class by counts
 
     def __init__(self, aggregator: Aggregator | AggregateFn, lam: float, *, warmup_rounds: int = 0, momentum: float = 0.0,
                  normalize: bool = False) -> None:

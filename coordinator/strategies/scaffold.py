@@ -26,7 +26,7 @@ import numpy as np
 
 from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
-from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, majority_layout
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
 from coordinator.strategies.fedavg import apply_delta
 from protocol.arrays import check_layout, layout_of
 from protocol.messages import Update
@@ -71,18 +71,16 @@ class Scaffold(Strategy):
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)
             if state is None:
-                group, left_out = majority_layout(group, "weights")
+                group, left_out = self.majority_layout(group, "weights")
                 dropped += left_out
-                group, left_out = majority_layout(group, "control_delta")
+                group, left_out = self.majority_layout(group, "control_delta")
                 dropped += left_out
-                weights = self.aggregator.unclipped([u.weights for u in group], [float(u.num_samples) for u in group])
-                control = {name: np.zeros_like(a) for name, a in group[0].control_delta.items()}
+                weights = self.combine(group, "weights")
             else:
-                mean_delta = self.aggregator([u.delta for u in group], [float(u.num_samples) for u in group])
-                weights = apply_delta(state.weights, mean_delta, self.server_learning_rate)
-                control = state.control
+                weights = apply_delta(state.weights, self.combine(group, "delta"), self.server_learning_rate)
+            mean_control_delta = self.combine(group, "control_delta")
+            control = state.control if state is not None else {n: np.zeros_like(a) for n, a in mean_control_delta.items()}
             known = max((population or {}).get(family, 0), len(group))
-            mean_control_delta = self.aggregator.unclipped([u.control_delta for u in group], [1.0] * len(group))
             control = apply_delta(control, mean_control_delta, len(group) / known)
             fresh[family] = FamilyState(round=round_number + 1, weights=weights, control=control)
         self.states.update(fresh)  # all families or none: a failure above leaves every state as it was

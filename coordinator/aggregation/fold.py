@@ -1,0 +1,113 @@
+"""The weighted mean, folded in one update at a time: memory grows with the model, not the fleet.
+
+``RunningMean`` keeps sum_i w_i x_i in float64 for every floating array, sum_i w_i, and the
+integer arrays of the heaviest update so far; an update's arrays can be let go as soon as it
+is folded in. ``result`` equals :func:`coordinator.aggregation.weighted_mean` over the same
+updates up to float64 rounding: the sums are taken in arrival order rather than in one dot
+product, a difference of about 1e-16 relative that the final rounding to float32 absorbs in
+all but rare last bits. Integer arrays come from the update of the largest weight, ties to
+the smallest key (agent id), as the batch rule's first-of-equals in agent-id order.
+
+With ``clip_norm``, each update is scaled to at most that L2 norm (over its floating values,
+in float64) before it is added, as in the batch rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from coordinator.aggregation.errors import AggregationError, FailureReason
+from coordinator.aggregation.stack import NamedArrays, check_clip_norm
+
+Layout = tuple[tuple[str, tuple[int, ...], str], ...]
+
+
+def layout_key(arrays: NamedArrays) -> Layout:
+    """Names, shapes and dtypes, hashable: updates fold together only when these agree."""
+    return tuple((name, tuple(a.shape), a.dtype.str) for name, a in arrays.items())
+
+
+def l2_norm(arrays: NamedArrays) -> float:
+    """L2 norm over every floating value, accumulated in float64."""
+    total = 0.0
+    for array in arrays.values():
+        if array.dtype.kind == "f":
+            flat = array.reshape(-1)
+            total += float(np.dot(flat, flat)) if flat.dtype == np.float64 else float(
+                np.einsum("i,i->", flat, flat, dtype=np.float64))
+    return math.sqrt(total)
+
+
+class RunningMean:
+    """One layout's running weighted sum; see the module docstring."""
+
+    def __init__(self, clip_norm: float | None = None) -> None:
+        check_clip_norm(clip_norm)
+        self.clip_norm = clip_norm
+        self.layout: Layout | None = None
+        self.sums: dict[str, np.ndarray] = {}
+        self.total_weight = 0.0
+        self.count = 0
+        """Updates folded in with a positive weight."""
+        self._others: dict[str, np.ndarray] = {}
+        self._heaviest: tuple[float, str] | None = None
+
+    def add(self, arrays: NamedArrays, weight: float, key: str) -> None:
+        """Fold ``arrays`` in with ``weight``; ``key`` (the sender) breaks ties between equal weights."""
+        if not (math.isfinite(weight) and weight >= 0):
+            raise AggregationError(FailureReason.BAD_WEIGHTS, f"weight {weight} of {key}")
+        layout = layout_key(arrays)
+        if self.layout is None:
+            self.layout = layout
+            self.sums = {n: np.zeros(a.shape, np.float64) for n, a in arrays.items() if a.dtype.kind == "f"}
+        elif layout != self.layout:
+            raise AggregationError(FailureReason.LAYOUT_MISMATCH, f"{key}'s arrays differ from the first update's")
+        if any(a.dtype.kind == "c" for a in arrays.values()):
+            raise AggregationError(FailureReason.UNSUPPORTED_DTYPE, f"{key} sent complex arrays")
+        if weight == 0:
+            return  # contributes nothing, as in the batch rule
+        scale = 1.0
+        if self.clip_norm is not None:
+            norm = l2_norm(arrays)
+            scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
+        coefficient = weight * scale
+        for name, total in self.sums.items():
+            total += np.multiply(arrays[name], coefficient, dtype=np.float64)
+        self.total_weight += weight
+        self.count += 1
+        rank = (weight, key)
+        if self._heaviest is None or weight > self._heaviest[0] or (weight == self._heaviest[0] and key < self._heaviest[1]):
+            self._heaviest = rank
+            self._others = {n: np.array(a, copy=True) for n, a in arrays.items() if a.dtype.kind != "f"}
+
+    def result(self) -> dict[str, np.ndarray]:
+        """The weighted mean, in the inputs' names, shapes and dtypes (floats rounded once)."""
+        return combine_means([self])
+
+
+def combine_means(parts: Iterable[RunningMean]) -> dict[str, np.ndarray]:
+    """The weighted mean over several running means of one layout, as if folded into one."""
+    parts = [p for p in parts if p.count]
+    if not parts:
+        raise AggregationError(FailureReason.NO_UPDATES, "nothing to aggregate (or every weight was zero)")
+    layout = parts[0].layout
+    assert layout is not None
+    if any(p.layout != layout for p in parts):
+        raise AggregationError(FailureReason.LAYOUT_MISMATCH, "folded groups do not share one layout")
+    total = sum(p.total_weight for p in parts)
+    if not (math.isfinite(total) and total > 0):
+        raise AggregationError(FailureReason.BAD_WEIGHTS, "weights must be finite and not all zero")
+    heaviest = min(parts, key=lambda p: (-p._heaviest[0], p._heaviest[1]))  # type: ignore[index]
+    out: dict[str, np.ndarray] = {}
+    for name, _, dtype in layout:
+        if name in parts[0].sums:
+            summed = parts[0].sums[name] if len(parts) == 1 else sum(p.sums[name] for p in parts)
+            with np.errstate(over="ignore"):  # an overflow to inf fails the round where states are checked
+                out[name] = np.asarray(summed / total).astype(np.dtype(dtype))
+        else:
+            out[name] = heaviest._others[name]
+    return out
+
