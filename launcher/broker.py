@@ -165,7 +165,9 @@ class MosquittoBroker(LocalBroker):
     name = "mosquitto"
 
     def __init__(self, port: int | None = None, *, persistence: bool = False, workdir: Path | None = None,
-                 binary: str | None = None, max_packet_bytes: int = 0) -> None:
+                 binary: str | None = None, max_packet_bytes: int = 0, settings: str = "") -> None:
+        """``settings``: extra mosquitto.conf lines (e.g. a rendered config's limits); an option
+        named there replaces every generated line of that option."""
         found = binary or mosquitto_binary()
         if found is None:
             raise BrokerError("the mosquitto binary is not installed (apt-get install mosquitto); "
@@ -174,6 +176,7 @@ class MosquittoBroker(LocalBroker):
         self.port = port or free_port()
         self.persistence = persistence
         self.max_packet_bytes = max_packet_bytes
+        self.settings = settings
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="fl-mosquitto-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -200,6 +203,11 @@ class MosquittoBroker(LocalBroker):
         ]
         if self.max_packet_bytes:
             lines.append(f"max_packet_size {self.max_packet_bytes}")
+        extra = [line.strip() for line in self.settings.splitlines()]
+        extra = [line for line in extra if line and not line.startswith("#")]
+        if extra:
+            replaced = {line.split()[0] for line in extra}
+            lines = [line for line in lines if line.split()[0] not in replaced] + extra
         path = self.workdir / "mosquitto.conf"
         path.write_text("\n".join(lines) + "\n")
         return path

@@ -1,16 +1,35 @@
 #!/usr/bin/env bash
 # Set up (first run only) and run every test, the slow end-to-end suite included.
-# Needs the Mosquitto broker and Prometheus (prometheus, promtool) on PATH (Debian:
-# apt-get install mosquitto prometheus); the tests that need them fail, not skip, without them.
+# The tests need the Mosquitto broker and Prometheus (prometheus, promtool): when one is
+# missing, this installs the Debian packages (as root), or stops with the command to run.
+# Tests start their own brokers on free ports; a packaged service may hold 1883, harmlessly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/setup-venv.sh test
+missing=()
 if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
-  echo "warning: mosquitto not found; the integration tests will fail (apt-get install mosquitto)" >&2
+  missing+=(mosquitto)
 fi
 for tool in prometheus promtool; do
   if ! command -v "$tool" >/dev/null && [ ! -x "/usr/bin/$tool" ]; then
-    echo "warning: $tool not found; the tests that need it will fail (apt-get install prometheus)" >&2
+    missing+=("$tool")
   fi
 done
+if [ "${#missing[@]}" -gt 0 ]; then
+  install="apt-get install -y --no-install-recommends mosquitto prometheus"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "error: not installed: ${missing[*]}. install the packages, then run this again:" >&2
+    echo "  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive $install" >&2
+    exit 1
+  fi
+  if ! command -v apt-get >/dev/null; then
+    echo "error: not installed: ${missing[*]}, and no apt-get to install them with:" \
+         "install Mosquitto and Prometheus (prometheus, promtool) with your package manager" >&2
+    exit 1
+  fi
+  echo "installing mosquitto and prometheus (missing: ${missing[*]})" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update
+  $install
+fi
+source scripts/setup-venv.sh test
 exec python -m pytest "$@"

@@ -130,6 +130,92 @@ Environment variables with the coordinator's broker credentials, named by `prefi
 {{- end }}
 {{- end -}}
 
+{{/*
+The limits the coordinator runs with: fleet.maxUpdateBytes and fleet.maxMessageBytes, unless
+coordinator.config sets max_update_bytes or max_message_bytes itself. The bundled broker is
+sized from the same numbers, so the two never disagree.
+*/}}
+{{- define "edgefl.messageLimits" -}}
+{{- $c := .Values.coordinator.config -}}
+{{- $f := .Values.fleet -}}
+max_update_bytes: {{ int64 (ternary $c.max_update_bytes $f.maxUpdateBytes (hasKey $c "max_update_bytes")) }}
+max_message_bytes: {{ int64 (ternary $c.max_message_bytes $f.maxMessageBytes (hasKey $c "max_message_bytes")) }}
+{{- end -}}
+
+{{/*
+The bundled broker's queue, window, packet and memory sizes, derived from the fleet
+(docs/broker-sizing.md explains each formula). A mosquitto.* value or a memory in
+mosquitto.resources that is set (not null) replaces the derived one.
+*/}}
+{{- define "edgefl.brokerSizing" -}}
+{{- $f := .Values.fleet -}}
+{{- $m := .Values.mosquitto -}}
+{{- $c := .Values.coordinator.config -}}
+{{- $limits := include "edgefl.messageLimits" . | fromYaml -}}
+{{- $agents := int64 $f.maxAgents -}}
+{{- $update := int64 $limits.max_update_bytes -}}
+{{- $chunk := int64 $limits.max_message_bytes -}}
+{{- $statusBytes := 2048 -}}
+{{- $chunkOverhead := 256 -}}
+{{- /* Pieces of one update, and the size of the largest piece (chunks carry 256 bytes of envelope). */ -}}
+{{- $pieces := 1 -}}
+{{- $piece := $update -}}
+{{- if and (gt $chunk 0) (gt $update $chunk) -}}
+{{- $data := sub $chunk $chunkOverhead -}}
+{{- $pieces = div (sub (add $update $data) 1) $data -}}
+{{- $piece = $chunk -}}
+{{- end -}}
+{{- /* Largest message on the broker: a chunk when chunking, else a whole update (or global state). */ -}}
+{{- $largest := ternary $chunk $update (gt $chunk 0) -}}
+{{- /* Status messages per agent per round: a heartbeat every heartbeatSeconds through the round, plus two changes. */ -}}
+{{- $statuses := 0 -}}
+{{- if kindIs "invalid" $f.statusesPerRound -}}
+{{- $deadline := ternary $c.round_deadline_s 60 (hasKey $c "round_deadline_s") -}}
+{{- $statuses = add (int64 (ceil (divf $deadline $f.heartbeatSeconds))) 2 -}}
+{{- else -}}
+{{- $statuses = int64 $f.statusesPerRound -}}
+{{- end -}}
+{{- $scale := add 100 (int64 $f.headroomPercent) -}}
+{{- $roundMessages := mul $agents (add $pieces $statuses) -}}
+{{- $roundBytes := mul $agents (add (mul $pieces $piece) (mul $statuses $statusBytes)) -}}
+{{- $derivedQueuedMessages := div (add (mul $roundMessages $scale) 99) 100 -}}
+{{- $derivedQueuedBytes := div (add (mul $roundBytes $scale) 99) 100 -}}
+{{- $derivedInflight := max 20 (min $agents 100) -}}
+{{- $derivedPacket := min 268435455 (add $largest (div $largest 4) 65536) -}}
+{{- $queuedMessages := ternary $derivedQueuedMessages $m.maxQueuedMessages (kindIs "invalid" $m.maxQueuedMessages) | int64 -}}
+{{- $queuedBytes := ternary $derivedQueuedBytes $m.maxQueuedBytes (kindIs "invalid" $m.maxQueuedBytes) | int64 -}}
+{{- $inflight := ternary $derivedInflight $m.maxInflightMessages (kindIs "invalid" $m.maxInflightMessages) | int64 -}}
+{{- $packet := ternary $derivedPacket $m.maxPacketSize (kindIs "invalid" $m.maxPacketSize) | int64 -}}
+{{- /* Memory: a base, per-connection buffers, every queued byte, and a full window of the largest pieces. */ -}}
+{{- $memQueued := ternary $queuedBytes $derivedQueuedBytes (gt $queuedBytes 0) -}}
+{{- $memInflight := ternary $inflight $derivedInflight (gt $inflight 0) -}}
+{{- $memory := add (mul 64 1048576) (mul $agents 65536) $memQueued (mul $memInflight $piece) -}}
+{{- $memoryMi := div (add $memory 1048575) 1048576 -}}
+piecesPerUpdate: {{ $pieces }}
+statusesPerRound: {{ $statuses }}
+largestMessageBytes: {{ $largest }}
+maxQueuedMessages: {{ $queuedMessages }}
+maxQueuedBytes: {{ $queuedBytes }}
+maxInflightMessages: {{ $inflight }}
+maxPacketSize: {{ $packet }}
+memory: {{ printf "%dMi" $memoryMi | quote }}
+{{- end -}}
+
+{{/* The broker container's resources: mosquitto.resources, with the derived memory where it sets none. */}}
+{{- define "edgefl.mosquittoResources" -}}
+{{- $sizing := include "edgefl.brokerSizing" . | fromYaml -}}
+{{- $r := deepCopy (default (dict) .Values.mosquitto.resources) -}}
+{{- $requests := default (dict) $r.requests -}}
+{{- $limits := default (dict) $r.limits -}}
+{{- /* One of the two set: the other follows it (a request over the limit is invalid). */ -}}
+{{- $memory := $requests.memory | default $limits.memory | default $sizing.memory -}}
+{{- if not $requests.memory -}}{{- $_ := set $requests "memory" ($limits.memory | default $memory) -}}{{- end -}}
+{{- if not $limits.memory -}}{{- $_ := set $limits "memory" $memory -}}{{- end -}}
+{{- $_ := set $r "requests" $requests -}}
+{{- $_ := set $r "limits" $limits -}}
+{{- toYaml $r -}}
+{{- end -}}
+
 {{/* Checks of combinations the schema cannot express. */}}
 {{- define "edgefl.validate" -}}
 {{- $managed := list "federation" "broker_url" "broker_username" "broker_password" "state_dir" "http_host" "http_port" -}}
@@ -143,5 +229,11 @@ Environment variables with the coordinator's broker credentials, named by `prefi
 {{- end -}}
 {{- if and .Values.mosquitto.enabled .Values.mosquitto.tls.enabled (not .Values.mosquitto.tls.existingSecret) -}}
 {{- fail "mosquitto.tls.enabled needs mosquitto.tls.existingSecret (a kubernetes.io/tls Secret)" -}}
+{{- end -}}
+{{- if .Values.mosquitto.enabled -}}
+{{- $limits := include "edgefl.messageLimits" . | fromYaml -}}
+{{- if and (eq (int64 $limits.max_message_bytes) 0) (gt (int64 $limits.max_update_bytes) 268369920) -}}
+{{- fail "fleet.maxUpdateBytes is over what one MQTT message can carry (256 MiB less 64 KiB): set fleet.maxMessageBytes to split updates into chunks" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
