@@ -62,6 +62,8 @@ class Closure:
     aggregate_s: float = 0.0
     checkpoint_s: float = 0.0
     checkpoint_bytes: int = 0
+    spilled_bytes: int = 0
+    """Bytes of updates a robust rule kept in a memory-mapped file (past the memory budget)."""
     summary: RoundSummary | None = None
 
 

@@ -89,6 +89,8 @@ class CoordinatorSettings(BaseSettings):
 
     # limits
     max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    aggregation_memory_mb: int = Field(default=512, ge=0, le=1_048_576, description=(
+        "robust rules keep a round's updates in memory up to this, in a memory-mapped file under state_dir beyond it"))
     max_message_bytes: int = Field(default=0, ge=0, description=(
         "split published global states above this size into chunks (for brokers that cap messages); 0 never"))
     exit_when_finished: bool = False

@@ -143,14 +143,14 @@ class RoundEngine:
         wanted = int(saved.get("wanted", len(announcement.selected)))
         if remaining <= 0 and self.settings.resume_grace_s <= 0:
             self.open = OpenRound(announcement, saved["announcement"], now, now - age, wanted)
-            self.strategy.begin_round()
+            self._begin_round(self.open)
             self._close_round(now, ("interrupted", "coordinator restarted after the deadline"))
             return
         # Past its deadline, the round still waits a grace period for the updates the broker queued
         # for us and those agents resend to the new session, rather than throw finished work away.
         remaining = max(remaining, self.settings.resume_grace_s)
         self.open = OpenRound(announcement, saved["announcement"], now + remaining, now - age, wanted)
-        self.strategy.begin_round()
+        self._begin_round(self.open)
         log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
 
     # -- inputs ----------------------------------------------------------------------
@@ -256,7 +256,7 @@ class RoundEngine:
         self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": payload,
                                      "wanted": wanted})
         self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
-        self.strategy.begin_round()
+        self._begin_round(self.open)
         started = time.perf_counter()
         self.open.bytes_out += self._publish_states()
         self.open.bytes_out += self._publish(self.topics.rounds_current, payload, "round", retain=True)
@@ -269,6 +269,11 @@ class RoundEngine:
         self.metrics.progressed(self.wall_clock())
         log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
                  number, task, len(selected), len(available), wanted, s.round_deadline_s)
+
+    def _begin_round(self, open_round: OpenRound) -> None:
+        self.strategy.begin_round(len(open_round.selected),
+                                  memory_budget_bytes=self.settings.aggregation_memory_mb * 1024**2,
+                                  spill_dir=self.store.directory / "spill")
 
     # -- closing -----------------------------------------------------------------------
     def _close_round(self, now: float, ending: tuple[str, str] | None = None) -> None:
@@ -305,6 +310,9 @@ class RoundEngine:
     def _aggregate_and_checkpoint(self, closure: Closure) -> Closure:
         """The background job: the only code touching the strategy's states and the checkpoint meanwhile."""
         aggregate(closure, self.strategy)
+        if self.strategy.rows is not None:
+            closure.spilled_bytes = self.strategy.rows.spilled_bytes
+        self.strategy.end_round()
         closure.summary = summarise(closure)
         started = time.perf_counter()
         closure.checkpoint_bytes = self._save_checkpoint(closure.next_round, closure.finished, closure.summary)
@@ -319,6 +327,7 @@ class RoundEngine:
         summary = with_checkpoint_time(closure.summary, closure.checkpoint_s)
         m = self.metrics
         m.checkpointed(closure.checkpoint_bytes)
+        m.aggregation_spilled.set(closure.spilled_bytes)
         if closure.failure is not None:
             log.error("round %d failed to aggregate with %s: %s", summary.round, self.strategy.aggregator.describe(),
                       closure.failure)

@@ -69,6 +69,9 @@ class CoordinatorMetrics:
                                             registry=r)
         self.aggregation_duration = Histogram("fl_aggregation_duration_seconds", "Time to aggregate one round",
                                               buckets=_AGGREGATION_BUCKETS, registry=r)
+        self.aggregation_spilled = Gauge("fl_aggregation_spilled_bytes",
+                                         "Bytes of the last round's updates a robust rule kept in a memory-mapped file, "
+                                         "past the aggregation memory budget", registry=r)
         self.round_phase = Histogram("fl_round_phase_seconds",
                                      "Time a round spent per phase: publish (its announcement and states), "
                                      "collect (until it closed), aggregate and checkpoint (off the message loop)",

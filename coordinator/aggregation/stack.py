@@ -85,8 +85,12 @@ class UpdateStack:
         self.float_names = [name for name, a in first.items() if a.dtype.kind == "f"]
         self.other_names = [name for name, a in first.items() if a.dtype.kind != "f"]
         self.block_bytes = block_bytes
-        self._flat = [[np.ravel(row[name]) for name in self.float_names] for row in self.rows]
         self._sizes = [int(np.prod(first[name].shape, dtype=np.int64)) for name in self.float_names]
+        self._matrix, self._matrix_rows = _shared_matrix(self.rows, self.float_names)
+        """Rows that live in one RowMatrix are read a block of all rows at a time, with no per-row copy."""
+        self._flat = [] if self._matrix is not None else [
+            [np.ravel(row[name]) for name in self.float_names] for row in self.rows]
+        self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
         self.scales = np.ones(self.n)
         self.norms: np.ndarray | None = None
         if clip_norm is not None:
@@ -134,6 +138,10 @@ class UpdateStack:
         """The block as a contiguous (rows, width) float64 view into ``buffer`` (flat, large enough)."""
         rows = range(self.n) if rows is None else rows
         out = buffer[: len(rows) * block.width].reshape(len(rows), block.width)
+        if self._matrix is not None:
+            np.copyto(out, self._matrix_block(block, rows))
+            self._scale_block(out, rows)
+            return out
         scales = self._scale_list  # multiplied with dtype=float64: a Python float would compute in float32
         if len(block.parts) == 1:  # the common case, kept lean: this loop runs n times per block
             index, start, stop, _ = block.parts[0]
@@ -155,6 +163,10 @@ class UpdateStack:
     def read_columns(self, block: Block, buffer: np.ndarray) -> np.ndarray:
         """The block transposed, as a contiguous (width, n) float64 view: one row per coordinate."""
         out = buffer[: block.width * self.n].reshape(block.width, self.n)
+        if self._matrix is not None:
+            np.copyto(out, self._matrix_block(block, range(self.n)).T)
+            self._scale_block(out.T, range(self.n))
+            return out
         scales = self._scale_list
         for i in range(self.n):
             for index, start, stop, column in block.parts:
@@ -164,6 +176,19 @@ class UpdateStack:
                 else:
                     np.multiply(self._flat[i][index][start:stop], scales[i], out=target, dtype=np.float64)
         return out
+
+    def _matrix_block(self, block: Block, rows: Sequence[int]) -> np.ndarray:
+        assert self._matrix is not None
+        index, start, _, _ = block.parts[0]
+        first = int(self._starts[index]) + start  # blocks are consecutive columns of the concatenation
+        picked = self._matrix_rows if isinstance(rows, range) and len(rows) == self.n else self._matrix_rows[list(rows)]
+        return self._matrix[picked, first:first + block.width]
+
+    def _scale_block(self, out: np.ndarray, rows: Sequence[int]) -> None:
+        """Clip the rows of ``out`` (float64, one row per update) in place."""
+        scales = self.scales[list(rows)]
+        if (scales != 1.0).any():
+            out *= scales[:, None]
 
     def _row_norms(self) -> np.ndarray:
         """L2 norm of each row over its floating values, accumulated in float64."""
@@ -214,3 +239,15 @@ class UpdateStack:
     def in_order(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """``arrays`` in the inputs' name order."""
         return {name: arrays[name] for name in self.layout}
+
+
+def _shared_matrix(rows: Sequence[NamedArrays], float_names: list[str]) -> tuple[np.ndarray | None, np.ndarray]:
+    """The one RowMatrix every row lives in, with the rows' indices in it; (None, empty) otherwise."""
+    from coordinator.aggregation.rows import MatrixRow  # rows.py builds on this module
+
+    if not rows or not all(isinstance(row, MatrixRow) for row in rows):
+        return None, np.empty(0, dtype=np.int64)
+    owner = rows[0].rows  # type: ignore[attr-defined]
+    if any(row.rows is not owner for row in rows) or owner.float_names != float_names:  # type: ignore[attr-defined]
+        return None, np.empty(0, dtype=np.int64)
+    return owner.matrix, np.array([row.index for row in rows], dtype=np.int64)  # type: ignore[attr-defined]

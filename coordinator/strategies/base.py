@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from coordinator.aggregation import AggregationError, FailureReason, weighted_mean
 from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
-from coordinator.strategies.folding import FOLD_RULES, RoundFolds
+from coordinator.strategies.folding import FOLD_RULES, RoundFolds, RoundRows
 from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.messages import Algorithm, GlobalState, Update
 
@@ -85,16 +86,35 @@ class Strategy(ABC):
         self.aggregator = Aggregator.of(aggregator)
         self.states: dict[str, FamilyState] = {}
         self.folds: RoundFolds | None = None
+        self.rows: RoundRows | None = None
 
     # -- one round's payloads ------------------------------------------------------------
-    def begin_round(self) -> None:
-        """A round opens: under the plain weighted mean, fold each accepted payload in as it arrives."""
-        streaming = self.folds_payloads and self.aggregator.rule is weighted_mean and not self.aggregator.params
-        self.folds = RoundFolds(self.aggregator.clip_norm) if streaming else None
+    def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
+                    spill_dir: Path | None = None) -> None:
+        """A round of at most ``capacity`` updates opens. Under the plain weighted mean each accepted
+        payload is folded in as it arrives; under a robust rule it is copied into row matrices (on
+        disk in ``spill_dir`` past the memory budget)."""
+        self.end_round()
+        if not self.folds_payloads:
+            return
+        if self.aggregator.rule is weighted_mean and not self.aggregator.params:
+            self.folds = RoundFolds(self.aggregator.clip_norm)
+        else:
+            self.rows = RoundRows(capacity, memory_budget_bytes, spill_dir)
 
     def admit(self, update: Update) -> Update:
-        """Take in an accepted update; returns what the round must keep of it (its arrays may be folded away)."""
-        return update if self.folds is None else self.folds.add(update)
+        """Take in an accepted update; returns what the round must keep of it (its arrays folded or stored)."""
+        if self.folds is not None:
+            return self.folds.add(update)
+        if self.rows is not None:
+            return self.rows.add(update)
+        return update
+
+    def end_round(self) -> None:
+        """Let the round's folded sums and stored rows go (a spill file is deleted)."""
+        if self.rows is not None:
+            self.rows.close()
+        self.folds = self.rows = None
 
     def combine(self, group: Sequence[Update], payload: str) -> dict[str, np.ndarray]:
         """The configured rule over field ``payload`` of ``group``, weighted and clipped as FOLD_RULES says."""

@@ -1,4 +1,4 @@
-"""One round's payloads folded into running means as they are accepted (mean aggregator only).
+"""One round's payloads, taken in as they are accepted: folded (the mean) or stored as rows (robust rules).
 
 Under the weighted mean, nothing needs an update's arrays after it is folded in, so a round
 holds a few float64 sums per family instead of every update: memory is constant in the
@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from coordinator.aggregation import AggregationError, FailureReason
 from coordinator.aggregation.fold import Layout, RunningMean, combine_means, layout_key
+from coordinator.aggregation.rows import RowMatrix
 from protocol.messages import Update
 
 
@@ -77,3 +79,40 @@ class RoundFolds:
         if any(name not in g.means for g in parts):
             raise AggregationError(FailureReason.LAYOUT_MISMATCH, f"some updates of {family} carry no {name}")
         return combine_means(g.means[name] for g in parts)
+
+
+class RoundRows:
+    """For robust rules: each payload field's floating values copied into a row matrix per
+    (family, field, layout) on receipt, in memory within ``budget_bytes`` for the round, a
+    memory-mapped file in ``spill_dir`` beyond it. The kept update carries views of its rows."""
+
+    def __init__(self, capacity: int, budget_bytes: int, spill_dir: Path | None) -> None:
+        self.capacity = capacity
+        self.budget_bytes = budget_bytes
+        self.spill_dir = spill_dir
+        self._matrices: dict[tuple[str, str, Layout], RowMatrix] = {}
+
+    def add(self, update: Update) -> Update:
+        kept = {}
+        for name in FOLD_RULES:
+            arrays = getattr(update, name)
+            if not arrays:
+                continue
+            key = (update.family, name, layout_key(arrays))
+            matrix = self._matrices.get(key)
+            if matrix is None:
+                used = sum(m.matrix.nbytes for m in self._matrices.values() if not m.spilled)
+                matrix = RowMatrix(arrays, self.capacity, budget_bytes=max(0, self.budget_bytes - used),
+                                   spill_dir=self.spill_dir)
+                self._matrices[key] = matrix
+            kept[name] = matrix.append(arrays)
+        return update.model_copy(update=kept)
+
+    @property
+    def spilled_bytes(self) -> int:
+        return sum(m.matrix.nbytes for m in self._matrices.values() if m.spilled)
+
+    def close(self) -> None:
+        for matrix in self._matrices.values():
+            matrix.close()
+        self._matrices.clear()

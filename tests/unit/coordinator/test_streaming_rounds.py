@@ -12,8 +12,17 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from coordinator.aggregation import AggregationError, coordinate_median, weighted_mean
+from coordinator.aggregation import (
+    AggregationError,
+    UpdateStack,
+    coordinate_median,
+    krum,
+    multi_krum,
+    trimmed_mean,
+    weighted_mean,
+)
 from coordinator.aggregation.fold import RunningMean, combine_means
+from coordinator.aggregation.rows import RowMatrix
 from coordinator.aggregators import Aggregator
 from coordinator.strategies import FedAvg, Scaffold
 from coordinator.strategies.base import Strategy
@@ -93,7 +102,7 @@ def arrays(rng: np.random.Generator, size: int = 4) -> dict[str, np.ndarray]:
 
 
 def run_round(strategy: Strategy, updates: list[Update], round_number: int) -> list[str]:
-    strategy.begin_round()
+    strategy.begin_round(len(updates))
     kept = [strategy.admit(u) for u in updates]
     return [d.agent_id for d in strategy.aggregate(round_number, kept)]
 
@@ -111,7 +120,7 @@ def test_fedavg_streams_under_the_mean_and_matches_the_batch_path(clip: float | 
     assert streaming.folds is not None and batch.folds is None
     base = streaming.states["f"].digest
     deltas = [update(f"a{i}", 10 + i, base, delta=arrays(rng)) for i in range(5)]
-    streaming.begin_round()
+    streaming.begin_round(len(deltas))
     held = [streaming.admit(u) for u in deltas]
     assert all(not h.delta for h in held), "a folded update keeps no arrays"
     streaming.aggregate(2, held)
@@ -137,10 +146,14 @@ def test_scaffold_streams_weights_deltas_and_control_deltas() -> None:
 
 def test_robust_rules_keep_the_updates() -> None:
     strategy = FedAvg(Aggregator("median", coordinate_median, {"f": 0}))
-    strategy.begin_round()
-    assert strategy.folds is None
-    sent = update("a", 1, None, weights={"w": np.ones(2, np.float32)})
-    assert strategy.admit(sent) is sent
+    strategy.begin_round(3)
+    assert strategy.folds is None and strategy.rows is not None
+    sent = [update(a, 1, None, weights={"w": np.full(2, v, np.float32), "n": np.array(v, np.int64)})
+            for a, v in (("a", 1), ("b", 5), ("c", 2))]
+    kept = [strategy.admit(u) for u in sent]
+    assert [dict(k.weights)["w"].tolist() for k in kept] == [[1, 1], [5, 5], [2, 2]]
+    strategy.aggregate(1, kept)
+    assert strategy.states["f"].weights["w"].tolist() == [2, 2] and strategy.states["f"].weights["n"] == 2
 
 
 def test_the_loop_keeps_serving_while_a_round_aggregates(tmp_path: Path) -> None:
@@ -181,3 +194,32 @@ def test_the_loop_keeps_serving_while_a_round_aggregates(tmp_path: Path) -> None
     assert all(p is not None and p >= 0 for p in phases)
     assert summary.duration_s == pytest.approx(sum(phases), abs=0.01)  # type: ignore[arg-type]
     assert metrics.registry.get_sample_value("fl_round_phase_seconds_count", {"phase": "aggregate"}) == 1
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 0], ids=["in-memory", "spilled"])
+@pytest.mark.parametrize("clip", [None, 2.0])
+def test_robust_rules_read_row_matrices_exactly_like_separate_updates(tmp_path: Path, budget: int,
+                                                                     clip: float | None) -> None:
+    rng = np.random.default_rng(3)
+    updates = [{"w": rng.normal(size=(40, 30)).astype(np.float32), "b": rng.normal(size=7).astype(np.float32),
+                "n": np.array(i, np.int64)} for i in range(9)]
+    weights = [float(w) for w in rng.integers(1, 50, size=9)]
+    matrix = RowMatrix(updates[0], len(updates), budget_bytes=budget, spill_dir=tmp_path / "spill")
+    rows = [matrix.append(u) for u in updates]
+    assert matrix.spilled == (budget == 0) and any((tmp_path / "spill").glob("rows-*")) == (budget == 0)
+    for rule, params in ((coordinate_median, {"f": 1}), (trimmed_mean, {"beta": 0.2, "f": 1}), (krum, {"f": 1}),
+                         (multi_krum, {"f": 1, "m": 4})):
+        separate = rule(updates, weights, clip_norm=clip, **params)
+        from_rows = rule(rows, weights, clip_norm=clip, **params)
+        for name in separate:
+            np.testing.assert_array_equal(from_rows[name], separate[name], err_msg=f"{rule.__name__} {name}")
+    # Small blocks that straddle the arrays' boundaries read the same values either way, clipped or not.
+    from_rows, separate = (UpdateStack(u, weights, clip_norm=clip, block_bytes=4096) for u in (rows, updates))
+    assert from_rows._matrix is not None and separate._matrix is None
+    buffer_a, buffer_b = np.empty(4096), np.empty(4096)
+    for block_a, block_b in zip(from_rows.blocks(37), separate.blocks(37), strict=True):
+        np.testing.assert_array_equal(from_rows.read_rows(block_a, buffer_a, [0, 3, 8]),
+                                      separate.read_rows(block_b, buffer_b, [0, 3, 8]))
+        np.testing.assert_array_equal(from_rows.read_columns(block_a, buffer_a), separate.read_columns(block_b, buffer_b))
+    matrix.close()
+    assert not any((tmp_path / "spill").glob("rows-*")), "the spill file outlives the round"

@@ -1,0 +1,95 @@
+"""Updates of one layout as rows of one matrix, written as they arrive; on disk beyond a budget.
+
+Robust rules (median, trimmed mean, Krum) need every update at the close, unlike the mean.
+Keeping them as decoded messages costs more than their arrays (each payload, plus copies),
+and reading them block by block took one Python-level copy per row and block, which grew
+faster than linearly with the fleet. Here each update's floating values are copied once,
+on receipt, into row i of an (capacity, width) matrix: in memory while the round's rows fit
+the memory budget, else in a memory-mapped file that the kernel pages in and out. The
+aggregation stack then reads a column block of all rows with one vectorised copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.aggregation.stack import NamedArrays
+
+log = logging.getLogger(__name__)
+
+
+class RowMatrix:
+    """Up to ``capacity`` updates of the layout of ``template``, floating values as matrix rows."""
+
+    def __init__(self, template: NamedArrays, capacity: int, *, budget_bytes: int, spill_dir: Path | None) -> None:
+        self.layout = {name: (a.shape, a.dtype) for name, a in template.items()}
+        self.float_names = [name for name, a in template.items() if a.dtype.kind == "f"]
+        floats = [template[name] for name in self.float_names]
+        self.dtype = np.result_type(*floats) if floats else np.dtype(np.float32)
+        self.offsets: dict[str, tuple[int, int]] = {}
+        width = 0
+        for name, array in zip(self.float_names, floats, strict=True):
+            self.offsets[name] = (width, width + array.size)
+            width += array.size
+        self.width = width
+        self.count = 0
+        nbytes = capacity * max(width, 1) * self.dtype.itemsize
+        self._file = None
+        self.spilled = nbytes > budget_bytes and spill_dir is not None
+        if self.spilled:
+            assert spill_dir is not None
+            spill_dir.mkdir(parents=True, exist_ok=True)
+            self._file = tempfile.NamedTemporaryFile(dir=spill_dir, prefix="rows-", suffix=".f32")  # noqa: SIM115
+            self.matrix = np.memmap(self._file, dtype=self.dtype, mode="w+", shape=(capacity, max(width, 1)))
+            log.info("%d rows of %d values (%.0f MB) exceed the %.0f MB memory budget: spilling to %s",
+                     capacity, width, nbytes / 1e6, budget_bytes / 1e6, self._file.name)
+        else:
+            self.matrix = np.empty((capacity, max(width, 1)), dtype=self.dtype)  # pages are committed as rows arrive
+
+    def append(self, arrays: NamedArrays) -> MatrixRow:
+        """Copy ``arrays`` (of this layout) in as the next row."""
+        if self.count >= len(self.matrix):
+            raise ValueError(f"more than {len(self.matrix)} rows")
+        row = self.matrix[self.count]
+        for name, (start, stop) in self.offsets.items():
+            row[start:stop] = np.ravel(arrays[name])
+        others = {name: np.array(a, copy=True) for name, a in arrays.items() if a.dtype.kind != "f"}
+        self.count += 1
+        return MatrixRow(self, self.count - 1, others)
+
+    def close(self) -> None:
+        """Let the rows go (the spill file is deleted)."""
+        self.matrix = np.empty((0, max(self.width, 1)), dtype=self.dtype)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class MatrixRow(Mapping[str, np.ndarray]):
+    """One update as named arrays: floating ones are views of its row (read-only), others its own copies."""
+
+    def __init__(self, rows: RowMatrix, index: int, others: dict[str, np.ndarray]) -> None:
+        self.rows = rows
+        self.index = index
+        self._others = others
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name in self._others:
+            return self._others[name]
+        start, stop = self.rows.offsets[name]
+        shape, dtype = self.rows.layout[name]
+        view = self.rows.matrix[self.index, start:stop].reshape(shape)
+        view = view if view.dtype == dtype else view.astype(dtype)
+        view.flags.writeable = False
+        return view
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.rows.layout)
+
+    def __len__(self) -> int:
+        return len(self.rows.layout)
