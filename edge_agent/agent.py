@@ -1,7 +1,18 @@
 """The edge agent's main loop: hear announcements, fetch global state, train, publish.
 
-MQTT callbacks only enqueue; this loop does the work on one thread, so training never
-blocks the network thread (keep-alives and acknowledgements keep flowing).
+MQTT callbacks only enqueue; this loop does the work on one thread, so nothing blocks the
+network thread (keep-alives and acknowledgements keep flowing). Local training runs on a
+training thread of its own (``training_thread``), one round at a time, and its outcome comes
+back through the same inbox: while a device trains, the loop keeps heartbeating (a round
+that outlasts the coordinator's agent timeout does not make the agent look dead) and keeps
+handling coordinator status, announcements, global states and stop requests. Only the loop
+changes the agent's state or publishes; while a round trains, heartbeats report the privacy
+spend read when it started, never the ledger that the round is changing.
+
+A stop request (or a finished run with ``exit_when_finished``) while a round trains is obeyed
+at once: the agent says it is offline and ``run`` returns without waiting for the round,
+which cannot be interrupted; the training thread is a daemon, and the round's outcome is
+dropped (not sent, not recorded as answered), as if the device had lost power mid-round.
 
 Surviving faults:
 * a reconnect re-subscribes, and the retained announcement and global state tell the agent
@@ -23,16 +34,18 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
 from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, DelayModel
+from edge_agent.training_thread import TrainingOutcome, TrainingThread, train_round
 from edge_agent.worker import LocalWorker
 from protocol.chunking import Reassembler, receive, split_payload
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, RoundAnnouncement, Update
+from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, PrivacySpent, RoundAnnouncement, Update
 from protocol.mqtt import Backoff, BrokerAddress, MqttLink, Will
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
@@ -98,12 +111,19 @@ class EdgeAgent:
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
         self._reassembler = Reassembler(max_transfers=4)
-        self._inbox: queue.Queue[tuple[str, str, bytes, bool]] = queue.Queue()
+        self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
+        """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome)."""
         self._link: MqttLink | None = None
         self._seen_announcement = False
         self._joined_mid_round: tuple[str, int] | None = None
         self._sent: SentUpdate | None = None
         self._held: HeldUpdate | None = None
+        self._trainer: TrainingThread | None = None
+        """Started by ``run``; a loop driven message by message without it (unit tests) trains inline."""
+        self._training: RoundAnnouncement | None = None
+        """The round on the training thread now; no other is started until its outcome is handled."""
+        self._privacy_before_round: PrivacySpent | None = None
+        """The privacy spend when the round in training started: what heartbeats report meanwhile."""
         progress = state.read_json("progress") or {}
         self._answered: tuple[str, int] | None = (
             (progress["run_id"], int(progress["round"])) if "run_id" in progress else None)
@@ -111,7 +131,9 @@ class EdgeAgent:
     # -- status ---------------------------------------------------------------------------
     def status(self, state: str = "online") -> AgentStatus:
         """``budget_exhausted`` overrides ``state`` once the privacy budget is spent, even in the last will."""
-        privacy = self.worker.privacy_spent()
+        # While a round trains, its thread owns the worker, DP ledger included (it charges the round):
+        # report the spend read when the round started rather than read the ledger while it changes.
+        privacy = self._privacy_before_round if self._training is not None else self.worker.privacy_spent()
         if privacy is not None and privacy.exhausted:
             state = "budget_exhausted"
         return AgentStatus(
@@ -130,34 +152,42 @@ class EdgeAgent:
         topics = self.topics
         self._link = MqttLink(
             self.agent_id, self.broker,
-            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload, retained)),
+            on_message=lambda topic, payload, retained: self._inbox.put(("message", (topic, payload, retained))),
             subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1),
                            (topics.global_states_of(self.worker.family), 1)],
             will=Will(topics.agent_status(self.agent_id), encode_message(self.status("offline"))),
             backoff=self.backoff,
-            on_connected=lambda connection: self._inbox.put(("connected", "", b"", False)),
+            on_connected=lambda connection: self._inbox.put(("connected", None)),
         )
+        self._trainer = TrainingThread(self.worker, lambda outcome: self._inbox.put(("trained", outcome)),
+                                       name=f"{self.agent_id}-training").start()
         self._link.start()
         next_heartbeat = time.monotonic() + self.heartbeat_s
         try:
             while not stop.is_set():
                 wake = next_heartbeat if self._held is None else min(next_heartbeat, self._held.due)
                 try:
-                    kind, topic, payload, retained = self._inbox.get(timeout=min(max(0.0, wake - time.monotonic()), 1.0))
+                    kind, item = self._inbox.get(timeout=min(max(0.0, wake - time.monotonic()), 1.0))
                 except queue.Empty:  # wakes at least every second to see ``stop``
-                    kind, topic, payload, retained = "timer", "", b"", False
+                    kind, item = "timer", None
                 if kind == "connected" or time.monotonic() >= next_heartbeat:
                     if self._link.connected:
                         self._publish_status()
                     next_heartbeat = time.monotonic() + self.heartbeat_s
                 if kind == "message":
-                    self._on_message(topic, payload, retained)
+                    self._on_message(*item)
+                elif kind == "trained":
+                    self._on_trained(item)
                 if self._held is not None and time.monotonic() >= self._held.due:
                     self._release_held()
                 if self._finished():
                     log.info("the coordinator finished the run; exiting")
                     break
         finally:
+            self._trainer.close()
+            if self._training is not None:
+                log.info("stopping while round %d trains: not waiting for it, its update will not be sent",
+                         self._training.round)
             if self._link.connected:
                 self._link.publish(topics.agent_status(self.agent_id), encode_message(self.status("offline")),
                                    retain=True)
@@ -224,7 +254,7 @@ class EdgeAgent:
     # -- work -----------------------------------------------------------------------------
     def _maybe_answer(self) -> None:
         ann = self.announcement
-        if ann is None or self.agent_id not in ann.selected or self._held is not None:
+        if ann is None or self.agent_id not in ann.selected or self._held is not None or self._training is not None:
             return
         if (ann.run_id, ann.round) in (self._answered, self._joined_mid_round):
             return
@@ -234,17 +264,33 @@ class EdgeAgent:
             global_state = self.global_states.get(ref.round)
             if global_state is None or global_state.digest != ref.digest or global_state.run_id != ann.run_id:
                 return  # wait for the state the round names
-        try:
-            update = self.worker.answer(ann, global_state)
-        except BudgetExhausted as exc:
-            log.warning("round %d not trained: %s; this agent stops training", ann.round, exc)
+        self._privacy_before_round = self.worker.privacy_spent()
+        self._training = ann
+        if self._trainer is None:
+            self._on_trained(train_round(self.worker, ann, global_state))
+        else:
+            self._trainer.submit(ann, global_state)
+
+    def _on_trained(self, outcome: TrainingOutcome) -> None:
+        """A round ended on the training thread: record it, send (or hold back) its update, take the next."""
+        self._training = None  # the training thread is done with the worker: status reads it again
+        self._settle(outcome)
+        self._maybe_answer()  # a round announced while this one trained
+
+    def _settle(self, outcome: TrainingOutcome) -> None:
+        ann, update, error = outcome.announcement, outcome.update, outcome.error
+        if isinstance(error, BudgetExhausted):
+            log.warning("round %d not trained: %s; this agent stops training", ann.round, error)
             self._mark_answered(ann)
             self._publish_status()
             return
-        except (ProtocolError, PrivacyUnsupported) as exc:
-            log.error("cannot answer round %d: %s", ann.round, exc)
+        if isinstance(error, (ProtocolError, PrivacyUnsupported)):
+            log.error("cannot answer round %d: %s", ann.round, error)
             self._mark_answered(ann)
             return
+        if error is not None:  # a bug: fail as loudly as when training ran on the loop's thread
+            raise error
+        assert update is not None
         self._mark_answered(ann)
         delay = self.straggler.sample(self.agent_id, ann.round) if ann.task == "train" else 0.0
         if delay > 0:

@@ -28,6 +28,9 @@ class FakeWorker:
     def __init__(self) -> None:
         self.answered: list[int] = []
 
+    def privacy_spent(self) -> None:
+        return None
+
     def answer(self, announcement: RoundAnnouncement, global_state: GlobalState | None) -> Update:
         self.answered.append(announcement.round)
         return Update(run_id=announcement.run_id, agent_id="me", round=announcement.round, task=announcement.task,
