@@ -22,6 +22,8 @@ ROUND_AGENT_STATES = ("selected", "answered", "straggling", "dropped", "surplus"
 UPDATE_OUTCOMES = ("accepted", "rejected")
 MAX_FAMILY_LABELS = 16
 
+ROUND_PHASES = ("publish", "collect", "aggregate", "checkpoint")
+
 # Every (kind, reason) the inbound filter can count, so the first drop of each shows in increase().
 _REJECT_LABELS = {
     "update": sorted({r.value for r in Reason} | {r.value for r in RejectReason}),
@@ -76,6 +78,8 @@ class CoordinatorMetrics:
                                      "Time a round spent per phase: publish (its announcement and states), "
                                      "collect (until it closed), aggregate and checkpoint (off the message loop)",
                                      ["phase"], buckets=_ROUND_BUCKETS, registry=r)
+        for phase in ROUND_PHASES:  # present from the start, so rate() sees the first round too
+            self.round_phase.labels(phase)
         self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
                                    ["device"], registry=r)
         self.accuracy = Gauge("fl_federated_accuracy_ratio",
