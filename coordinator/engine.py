@@ -196,7 +196,8 @@ class RoundEngine:
         self._ever_connected = True
         self._publish_status("finished" if self.finished else "online")
         self.retained.reconnected()
-        self._publish_states()
+        if self.closing is None:  # else the states are changing: the next round publishes them
+            self._publish_states()
         if self.open is not None:
             self._publish(self.topics.rounds_current, self.open.payload, "round", retain=True)
         elif not self.finished:  # no round open: an announcement still retained is stale (an old run's)
@@ -336,9 +337,6 @@ class RoundEngine:
             m.aggregation_duration.observe(closure.aggregate_s)
         for drop in closure.dropped:
             self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
-        for phase, seconds in (("publish", summary.publish_s), ("collect", summary.collect_s),
-                               ("aggregate", summary.aggregate_s), ("checkpoint", summary.checkpoint_s)):
-            m.round_phase.labels(phase).observe(seconds or 0.0)
         self.last_summary = summary
         self.finished = closure.finished
         self._record(summary, closure.stragglers, closure.dropouts)
@@ -348,34 +346,14 @@ class RoundEngine:
             log.info("run %s finished after round %d", self.run_id, summary.round)
 
     def _record(self, summary: RoundSummary, stragglers: set[str], dropouts: set[str]) -> None:
-        m = self.metrics
-        m.rounds.labels(summary.outcome).inc()
-        m.round_duration.observe(summary.duration_s)
-        for state, count in (("selected", summary.selected), ("answered", summary.answered),
-                             ("straggling", summary.stragglers), ("dropped", summary.dropouts),
-                             ("surplus", summary.surplus)):
-            m.round_agents.labels(state).set(count)
-        m.agents_answered.inc(summary.answered)
-        m.stragglers.inc(summary.stragglers)
-        m.dropouts.inc(summary.dropouts)
-        m.round_bytes.labels("in").set(summary.bytes_in)
-        m.round_bytes.labels("out").set(summary.bytes_out)
-        m.run_finished.set(1 if self.finished else 0)
-        m.progressed(summary.closed_at)
-        if summary.accuracy is not None and summary.loss is not None:
-            m.accuracy.labels("all").set(summary.accuracy)
-            m.loss.labels("all").set(summary.loss)
-        for family, fs in summary.families.items():
-            if fs.accuracy is not None and fs.loss is not None:
-                m.accuracy.labels(m.family_label(family)).set(fs.accuracy)
-                m.loss.labels(m.family_label(family)).set(fs.loss)
+        self.metrics.record_round(summary, finished=self.finished)
         acc = "-" if summary.accuracy is None else f"{summary.accuracy:.4f}"
         log.info("round %d %s: %d/%d answered (%d straggling, %d dropped, %d surplus), accuracy %s, %.1fs%s",
                  summary.round, summary.outcome, summary.answered, summary.selected, len(stragglers),
                  len(dropouts), summary.surplus, acc, summary.duration_s,
                  f" ({summary.reason})" if summary.reason else "")
-        if stragglers or dropouts:
-            log.info("round %d missing: straggling %s, dropped %s", summary.round, sorted(stragglers), sorted(dropouts))
+        if stragglers or dropouts:  # a few names help; ten thousand do not
+            log.info("round %d missing: straggling %s, dropped %s", summary.round, _some(stragglers), _some(dropouts))
         if self.on_round_closed is not None:
             self.on_round_closed(summary)
 
@@ -429,3 +407,8 @@ class RoundEngine:
             return
         self._gauges_refreshed = now
         self.metrics.set_online(self.registry.online_by_device(now))
+
+
+def _some(agents: set[str], shown: int = 20) -> str:
+    names = sorted(agents)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from coordinator.rejects import RejectReason
+from coordinator.rounds import RoundSummary
 from protocol.errors import Reason
 from protocol.version import SOFTWARE_VERSION
 
@@ -133,6 +134,32 @@ class CoordinatorMetrics:
         """Show what the coordinator runs in ``fl_coordinator_info`` (dashboards label panels with it)."""
         self.info.info({"version": SOFTWARE_VERSION, "federation": federation, "algorithm": algorithm,
                         "aggregator": aggregator})
+
+    def record_round(self, summary: RoundSummary, *, finished: bool) -> None:
+        """Everything a closed round tells the metrics."""
+        self.rounds.labels(summary.outcome).inc()
+        self.round_duration.observe(summary.duration_s)
+        for phase, seconds in (("publish", summary.publish_s), ("collect", summary.collect_s),
+                               ("aggregate", summary.aggregate_s), ("checkpoint", summary.checkpoint_s)):
+            self.round_phase.labels(phase).observe(seconds or 0.0)
+        for state, count in (("selected", summary.selected), ("answered", summary.answered),
+                             ("straggling", summary.stragglers), ("dropped", summary.dropouts),
+                             ("surplus", summary.surplus)):
+            self.round_agents.labels(state).set(count)
+        self.agents_answered.inc(summary.answered)
+        self.stragglers.inc(summary.stragglers)
+        self.dropouts.inc(summary.dropouts)
+        self.round_bytes.labels("in").set(summary.bytes_in)
+        self.round_bytes.labels("out").set(summary.bytes_out)
+        self.run_finished.set(1 if finished else 0)
+        self.progressed(summary.closed_at)
+        if summary.accuracy is not None and summary.loss is not None:
+            self.accuracy.labels("all").set(summary.accuracy)
+            self.loss.labels("all").set(summary.loss)
+        for family, fs in summary.families.items():
+            if fs.accuracy is not None and fs.loss is not None:
+                self.accuracy.labels(self.family_label(family)).set(fs.accuracy)
+                self.loss.labels(self.family_label(family)).set(fs.loss)
 
     def _checkpoint_age(self) -> float:
         return float("nan") if self._last_checkpoint is None else time.time() - self._last_checkpoint
