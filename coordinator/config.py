@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.messages import MAX_AGENTS_PER_ROUND
-from protocol.mqtt import BrokerAddress
+from protocol.mqtt import BrokerAddress, check_tls_file
 from protocol.topics import check_identifier
 
 AggregatorName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"]
@@ -27,6 +27,11 @@ class CoordinatorSettings(BaseSettings):
     broker_url: str = "mqtt://localhost:1883"
     broker_username: str | None = None
     broker_password: SecretStr | None = None
+    ca_file: Path | None = Field(default=None, description=(
+        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); default the system's CAs"))
+    cert_file: Path | None = Field(default=None, description=(
+        "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
+    key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
     client_id: str | None = Field(default=None, description="MQTT client id; default coordinator-{federation}")
     state_dir: Path = Path("coordinator-state")
     http_host: str = "0.0.0.0"
@@ -107,6 +112,14 @@ class CoordinatorSettings(BaseSettings):
         BrokerAddress.parse(value)
         return value
 
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        """Readable, and only with an mqtts:// URL (``broker_url`` is declared, so validated, before)."""
+        url = info.data.get("broker_url")
+        check_tls_file(str(info.field_name), value, BrokerAddress.parse(url).tls if url else True)
+        return value
+
     @field_validator("momentum")
     @classmethod
     def _momentum(cls, value: float | None, info: ValidationInfo) -> float:
@@ -125,6 +138,8 @@ class CoordinatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> CoordinatorSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
         if self.min_fit_agents > self.min_available_agents:
             raise ValueError("min_fit_agents cannot exceed min_available_agents")
         if 0 < self.max_message_bytes < 4096:
@@ -139,4 +154,5 @@ class CoordinatorSettings(BaseSettings):
 
     def broker_address(self) -> BrokerAddress:
         password = self.broker_password.get_secret_value() if self.broker_password else None
-        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password)
+        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password).with_tls_files(
+            self.ca_file, self.cert_file, self.key_file)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from edge_agent.stragglers import DelayModel, parse_delay
-from protocol.mqtt import BrokerAddress
+from protocol.mqtt import BrokerAddress, check_tls_file
 from protocol.topics import check_identifier
 
 
@@ -20,6 +20,11 @@ class AgentSettings(BaseSettings):
     broker_url: str = "mqtt://localhost:1883"
     broker_username: str | None = None
     broker_password: SecretStr | None = None
+    ca_file: Path | None = Field(default=None, description=(
+        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); default the system's CAs"))
+    cert_file: Path | None = Field(default=None, description=(
+        "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
+    key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
     device: Literal["jetson", "rpi", "phone", "cpu"] = "cpu"
     agent_id: str | None = Field(default=None, description="default: kept in the state dir, made once")
     state_dir: Path = Path("agent-state")
@@ -89,8 +94,18 @@ class AgentSettings(BaseSettings):
         BrokerAddress.parse(value)
         return value
 
+    @field_validator("ca_file", "cert_file", "key_file")
+    @classmethod
+    def _tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        """Readable, and only with an mqtts:// URL (``broker_url`` is declared, so validated, before)."""
+        url = info.data.get("broker_url")
+        check_tls_file(str(info.field_name), value, BrokerAddress.parse(url).tls if url else True)
+        return value
+
     @model_validator(mode="after")
     def _consistent(self) -> AgentSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
         if self.partition_index >= self.num_partitions:
             raise ValueError(f"partition_index {self.partition_index} must be below num_partitions {self.num_partitions}")
         if self.partition == "none" and self.num_partitions != 1:
@@ -133,4 +148,5 @@ class AgentSettings(BaseSettings):
 
     def broker_address(self) -> BrokerAddress:
         password = self.broker_password.get_secret_value() if self.broker_password else None
-        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password)
+        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password).with_tls_files(
+            self.ca_file, self.cert_file, self.key_file)

@@ -14,12 +14,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
@@ -38,6 +39,12 @@ class BrokerAddress:
     tls: bool = False
     username: str | None = None
     password: str | None = None
+    ca_file: str | None = None
+    """PEM file of the CA(s) that signed the broker's certificate; None trusts the system's CAs."""
+    cert_file: str | None = None
+    """PEM file of this client's certificate (and chain), for brokers that require one; needs key_file."""
+    key_file: str | None = None
+    """PEM file of the private key of cert_file."""
 
     @classmethod
     def parse(cls, url: str) -> BrokerAddress:
@@ -62,10 +69,49 @@ class BrokerAddress:
 
     def with_credentials(self, username: str | None, password: str | None) -> BrokerAddress:
         """This address, with credentials given apart (settings, a Secret) winning over the URL's."""
-        return BrokerAddress(self.host, self.port, self.tls, username or self.username, password or self.password)
+        return replace(self, username=username or self.username, password=password or self.password)
+
+    def with_tls_files(self, ca_file: str | os.PathLike[str] | None = None,
+                       cert_file: str | os.PathLike[str] | None = None,
+                       key_file: str | os.PathLike[str] | None = None) -> BrokerAddress:
+        """This address with a private CA and/or a client certificate; checked by ``check_tls_files``."""
+        check_tls_files(self.tls, ca_file=ca_file, cert_file=cert_file, key_file=key_file)
+        return replace(self, ca_file=_path_or_none(ca_file), cert_file=_path_or_none(cert_file),
+                       key_file=_path_or_none(key_file))
 
     def __str__(self) -> str:  # never print the password
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
+
+
+def _path_or_none(path: str | os.PathLike[str] | None) -> str | None:
+    return None if path is None else os.fspath(path)
+
+
+def check_tls_file(name: str, path: str | os.PathLike[str] | None, tls: bool) -> None:
+    """One of ca_file, cert_file, key_file: only with TLS, and a readable file; ValueError names it."""
+    if path is None:
+        return
+    if not tls:
+        raise ValueError(f"{name} is only used over TLS: the broker URL must start with mqtts:// (or ssl://)")
+    if not os.path.exists(path):
+        raise ValueError(f"{name} {os.fspath(path)!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"{name} {os.fspath(path)!r} is not a file")
+    try:
+        with open(path, "rb") as handle:
+            handle.read(1)
+    except OSError as exc:
+        raise ValueError(f"{name} {os.fspath(path)!r} cannot be read: {exc.strerror}") from None
+
+
+def check_tls_files(tls: bool, *, ca_file: str | os.PathLike[str] | None = None,
+                    cert_file: str | os.PathLike[str] | None = None,
+                    key_file: str | os.PathLike[str] | None = None) -> None:
+    """The TLS files of a broker connection: each readable, only over TLS, a certificate with its key."""
+    for name, path in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+        check_tls_file(name, path, tls)
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
 
 
 class Backoff:
@@ -152,7 +198,11 @@ class MqttLink:
         if address.username:
             client.username_pw_set(address.username, address.password)
         if address.tls:
-            client.tls_set(cert_reqs=ssl.CERT_REQUIRED)
+            # The broker's certificate is always verified, host name included (paho checks it
+            # unless tls_insecure_set(True), which we never call); a client certificate, if any,
+            # is what brokers with require_certificate authenticate this client by.
+            client.tls_set(ca_certs=address.ca_file, certfile=address.cert_file, keyfile=address.key_file,
+                           cert_reqs=ssl.CERT_REQUIRED)
         if will is not None:
             client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
         client.on_connect = self._handle_connect

@@ -1,7 +1,7 @@
 """Topic names, all under ``fl/{federation}/``.
 
 Agent identity comes right after the kind, so a broker ACL can pin each agent to its own
-topics: ``pattern write fl/+/updates/%c/#`` and ``pattern write fl/+/agents/%c/#``.
+topics: ``pattern write fl/<federation>/updates/%c/#`` and ``pattern write fl/<federation>/agents/%c/#``.
 """
 
 from __future__ import annotations

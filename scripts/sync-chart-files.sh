@@ -8,5 +8,7 @@ mkdir -p "$chart/files/dashboards"
 rm -f "$chart"/files/dashboards/*.json
 cp dashboards/*.json "$chart/files/dashboards/"
 cp dashboards/alerts.yaml "$chart/files/alerts.yaml"
-sed 's/^user coordinator$/user {{ .Values.broker.username }}/' deploy/mosquitto/acl > "$chart/files/mosquitto-acl.tpl"
+# The ACL's placeholders: the coordinator's username, and the federation (fl/default/ outside comments).
+sed -e 's/^user coordinator$/user {{ .Values.broker.username }}/' \
+    -e '/^#/!s#fl/default/#fl/{{ .Values.federation }}/#g' deploy/mosquitto/acl > "$chart/files/mosquitto-acl.tpl"
 echo "synced dashboards, alerts and the broker ACL into $chart/files"

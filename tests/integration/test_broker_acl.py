@@ -26,7 +26,9 @@ from tests.integration.wire import WireRecorder, wait_until
 pytestmark = pytest.mark.integration
 
 DEPLOY = REPO / "deploy" / "mosquitto"
-USERS = {"coordinator": "coordinator-pw", "jetson-0": "jetson-0-pw", "rpi-1": "rpi-1-pw"}
+FEDERATION = "f"
+USERS = {"coordinator": "coordinator-pw", "jetson-0": "jetson-0-pw", "rpi-1": "rpi-1-pw", "watcher": "watcher-pw"}
+WATCHER = "\n# Test only: a user that reads everything, to see what crosses the broker.\nuser watcher\ntopic read #\n"
 
 
 class Broker:
@@ -47,9 +49,13 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     subprocess.run([shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd", "-U", str(passwd)], check=True,
                    timeout=30)
     port = free_port()
+    # The ACL as shipped, pinned to federation "f" the way its header says (sed '/^#/!s#fl/default/#fl/f/#').
+    acl = tmp_path / "acl"
+    acl.write_text("".join(line if line.startswith("#") else line.replace("fl/default/", f"fl/{FEDERATION}/")
+                           for line in (DEPLOY / "acl").read_text().splitlines(keepends=True)) + WATCHER)
     config = (DEPLOY / "mosquitto.conf").read_text()
     for old, new in {"listener 1883\n": f"listener {port} 127.0.0.1\n",
-                     "/mosquitto/config/passwd": str(passwd), "/mosquitto/config/acl": str(DEPLOY / "acl"),
+                     "/mosquitto/config/passwd": str(passwd), "/mosquitto/config/acl": str(acl),
                      "persistence true": "persistence false", "/mosquitto/data/": f"{tmp_path}/"}.items():
         assert old in config, old
         config = config.replace(old, new)
@@ -125,6 +131,20 @@ def test_agents_write_only_their_own_topics(broker: Broker) -> None:
         assert sorted(seen) == ["fl/f/agents/jetson-0/status", "fl/f/updates/jetson-0/1", "fl/f/updates/jetson-0/2"]
     finally:
         observer.stop()
+
+
+def test_agents_cannot_write_into_other_federations(broker: Broker) -> None:
+    watcher = WireRecorder(broker.url("watcher"), "#", client_id="watcher").start()
+    try:
+        jetson = Client(broker, "jetson-0", USERS["jetson-0"], "jetson-0")
+        for topic in ("fl/g/updates/jetson-0/1", "fl/g/agents/jetson-0/status", "fl/g/rounds/current"):
+            jetson.publish(topic)
+        jetson.publish("fl/f/updates/jetson-0/1")  # sentinel
+        wait_until(lambda: "fl/f/updates/jetson-0/1" in {m.topic for m in watcher.snapshot()}, 20, "the sentinel")
+        jetson.close()
+        assert [m.topic for m in watcher.snapshot()] == ["fl/f/updates/jetson-0/1"]
+    finally:
+        watcher.stop()
 
 
 def test_agents_read_what_the_coordinator_publishes_and_no_other_agents_updates(broker: Broker) -> None:

@@ -1,22 +1,31 @@
 # edgefl broker ACL for Mosquitto 2.x.
 #
-# Every client authenticates with a username, and mosquitto.conf sets
-# use_username_as_clientid, so %c below is the username: for an agent, its agent id.
-# No client can take another's id, so no agent can publish as another one.
+# Every client authenticates, with a password or a client certificate. mosquitto.conf sets
+# use_username_as_clientid on every listener (and use_identity_as_username where clients
+# present certificates), so %c below is the username: for an agent, its agent id (with
+# certificates, the certificate's CN). No client can take another's id, so no agent can
+# publish as another one.
+#
+# Every line is pinned to one federation, here "default", so an agent cannot write into
+# another federation's topics either. For your federation, replace fl/default/ on every
+# line that is not a comment, e.g. for federation greenhouse:
+#   sed '/^#/!s#fl/default/#fl/greenhouse/#' acl > acl.greenhouse
+# A broker shared by several federations needs one copy of these lines per federation
+# (each with its coordinator's user line); the Helm chart fills in its own federation.
 
 # The coordinator: reads agents' status and updates; writes its status (and last will),
 # round announcements and global states.
 user {{ .Values.broker.username }}
-topic read fl/+/agents/+/status
-topic read fl/+/updates/#
-topic write fl/+/coordinator/status
-topic write fl/+/rounds/current
-topic write fl/+/global/#
+topic read fl/{{ .Values.federation }}/agents/+/status
+topic read fl/{{ .Values.federation }}/updates/#
+topic write fl/{{ .Values.federation }}/coordinator/status
+topic write fl/{{ .Values.federation }}/rounds/current
+topic write fl/{{ .Values.federation }}/global/#
 
 # Everyone, agents included: its own status (and last will) and its own updates; reading
 # what the coordinator publishes. Nothing else: no agent sees another agent's update.
-pattern write fl/+/agents/%c/#
-pattern write fl/+/updates/%c/#
-pattern read fl/+/coordinator/status
-pattern read fl/+/rounds/current
-pattern read fl/+/global/#
+pattern write fl/{{ .Values.federation }}/agents/%c/#
+pattern write fl/{{ .Values.federation }}/updates/%c/#
+pattern read fl/{{ .Values.federation }}/coordinator/status
+pattern read fl/{{ .Values.federation }}/rounds/current
+pattern read fl/{{ .Values.federation }}/global/#

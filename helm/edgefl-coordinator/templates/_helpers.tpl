@@ -62,15 +62,47 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-mosquitto" (include "edgefl.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The broker the coordinator connects to: the bundled one, or broker.url. */}}
+{{/* The broker the coordinator connects to: the bundled one (over TLS when it has TLS), or broker.url. */}}
 {{- define "edgefl.brokerUrl" -}}
-{{- if .Values.mosquitto.enabled -}}
+{{- if and .Values.mosquitto.enabled .Values.mosquitto.tls.enabled -}}
+{{- printf "mqtts://%s:%d" (include "edgefl.mosquittoName" .) (int .Values.mosquitto.tls.port) -}}
+{{- else if .Values.mosquitto.enabled -}}
 {{- printf "mqtt://%s:%d" (include "edgefl.mosquittoName" .) (int .Values.mosquitto.port) -}}
 {{- else if .Values.broker.url -}}
 {{- .Values.broker.url -}}
 {{- else -}}
 {{- fail "broker.url is required when mosquitto.enabled is false (e.g. mqtt://broker.example:1883)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the bundled broker opens its plaintext listener: always without TLS, with TLS only if asked. */}}
+{{- define "edgefl.mosquittoPlaintext" -}}
+{{- if or (not .Values.mosquitto.tls.enabled) .Values.mosquitto.plaintextListener -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+The coordinator's TLS files: the Secret and key of the CA that signed the broker's certificate
+(broker.tls.caSecret, else the bundled broker's own TLS Secret's ca.crt), and the Secret of its
+client certificate. Empty values: none.
+*/}}
+{{- define "edgefl.coordinatorTls" -}}
+{{- $t := .Values.broker.tls -}}
+{{- $bundledTls := and .Values.mosquitto.enabled .Values.mosquitto.tls.enabled -}}
+caSecret: {{ ternary .Values.mosquitto.tls.existingSecret $t.caSecret (and $bundledTls (not $t.caSecret)) | quote }}
+caKey: {{ ternary "ca.crt" $t.caKey (and $bundledTls (not $t.caSecret)) | quote }}
+certSecret: {{ $t.clientCertSecret | quote }}
+{{- end -}}
+
+{{/* The coordinator's ca_file, cert_file and key_file settings (where the Secrets are mounted). */}}
+{{- define "edgefl.coordinatorTlsSettings" -}}
+{{- $tls := include "edgefl.coordinatorTls" . | fromYaml -}}
+{{- if $tls.caSecret }}
+ca_file: /etc/edgefl-tls/ca/ca.crt
+{{- end }}
+{{- if $tls.certSecret }}
+cert_file: /etc/edgefl-tls/client/tls.crt
+key_file: /etc/edgefl-tls/client/tls.key
+{{- end }}
 {{- end -}}
 
 {{/* The Secret holding the coordinator's broker password, if there is one. */}}
@@ -218,10 +250,10 @@ memory: {{ printf "%dMi" $memoryMi | quote }}
 
 {{/* Checks of combinations the schema cannot express. */}}
 {{- define "edgefl.validate" -}}
-{{- $managed := list "federation" "broker_url" "broker_username" "broker_password" "state_dir" "http_host" "http_port" -}}
+{{- $managed := list "federation" "broker_url" "broker_username" "broker_password" "ca_file" "cert_file" "key_file" "state_dir" "http_host" "http_port" -}}
 {{- range $key := $managed -}}
 {{- if hasKey $.Values.coordinator.config $key -}}
-{{- fail (printf "coordinator.config.%s is set by the chart; use the top-level values (federation, broker.*, persistence, coordinator.httpPort) instead" $key) -}}
+{{- fail (printf "coordinator.config.%s is set by the chart; use the top-level values (federation, broker.*, broker.tls.*, persistence, coordinator.httpPort) instead" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.mosquitto.enabled .Values.broker.existingSecret.usernameKey -}}
@@ -229,6 +261,22 @@ memory: {{ printf "%dMi" $memoryMi | quote }}
 {{- end -}}
 {{- if and .Values.mosquitto.enabled .Values.mosquitto.tls.enabled (not .Values.mosquitto.tls.existingSecret) -}}
 {{- fail "mosquitto.tls.enabled needs mosquitto.tls.existingSecret (a kubernetes.io/tls Secret)" -}}
+{{- end -}}
+{{- $m := .Values.mosquitto -}}
+{{- if and $m.enabled $m.tls.requireClientCertificate -}}
+{{- if not $m.tls.enabled -}}
+{{- fail "mosquitto.tls.requireClientCertificate needs mosquitto.tls.enabled: certificates are presented over TLS" -}}
+{{- end -}}
+{{- if not $m.tls.clientCASecret -}}
+{{- fail "mosquitto.tls.requireClientCertificate needs mosquitto.tls.clientCASecret: the CA client certificates must chain to" -}}
+{{- end -}}
+{{- if not .Values.broker.tls.clientCertSecret -}}
+{{- fail "mosquitto.tls.requireClientCertificate needs broker.tls.clientCertSecret: the coordinator's own client certificate (CN = broker.username)" -}}
+{{- end -}}
+{{- end -}}
+{{- $tls := include "edgefl.coordinatorTls" . | fromYaml -}}
+{{- if and (or $tls.caSecret $tls.certSecret) (not (hasPrefix "mqtts://" (include "edgefl.brokerUrl" .))) (not (hasPrefix "ssl://" (include "edgefl.brokerUrl" .))) -}}
+{{- fail "broker.tls.caSecret and broker.tls.clientCertSecret are only used over TLS: the broker URL must start with mqtts:// (or enable mosquitto.tls)" -}}
 {{- end -}}
 {{- if .Values.mosquitto.enabled -}}
 {{- $limits := include "edgefl.messageLimits" . | fromYaml -}}

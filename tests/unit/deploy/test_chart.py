@@ -33,7 +33,7 @@ STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.
 def test_there_are_values_files_for_each_deployment_shape() -> None:
     names = {p.name for p in VALUES_FILES}
     assert {"external-broker-values.yaml", "bundled-broker-values.yaml", "servicemonitor-values.yaml",
-            "existing-secret-values.yaml"} <= names
+            "existing-secret-values.yaml", "client-certificate-values.yaml"} <= names
 
 
 @pytest.mark.parametrize("values_file", CASES, ids=IDS)
@@ -95,6 +95,15 @@ def test_coordinator_probes_config_and_volumes_agree(values_file: Path | None, t
     mounts = {m["mountPath"]: m for m in coordinator["volumeMounts"]}
     assert str(Path(config_path).parent) in mounts
     text = rendered.get("ConfigMap", FULLNAME)["data"][Path(config_path).name]
+    # The TLS files it names come from a mounted Secret's items; here they are local stand-ins.
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    for key, path in _tls_settings(yaml.safe_load(text)).items():
+        mount = mounts[str(Path(path).parent)]
+        assert mount["readOnly"] is True, key
+        secret = volumes[mount["name"]]["secret"]
+        assert Path(path).name in {item["path"] for item in secret["items"]}, (key, secret)
+        (tmp_path / Path(path).name).write_text("PEM\n")
+        text = text.replace(f"{key}: {path}\n", f"{key}: {tmp_path / Path(path).name}\n")
     (tmp_path / "c.yaml").write_text(text)
     settings = load_settings(CoordinatorSettings, tmp_path / "c.yaml")
     assert settings.federation == values.get("federation", "default")
@@ -111,12 +120,15 @@ def test_coordinator_probes_config_and_volumes_agree(values_file: Path | None, t
     # Everything written goes to volumes: the state dir and /tmp.
     assert any(str(settings.state_dir).startswith(path + "/") for path in mounts), settings.state_dir
     assert "/tmp" in mounts
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     state = volumes[mounts[str(settings.state_dir.parent)]["name"]]
     claim = values.get("persistence", {}).get("existingClaim") or f"{FULLNAME}-state"
     assert state["persistentVolumeClaim"]["claimName"] == claim
     assert (rendered.maybe("PersistentVolumeClaim", f"{FULLNAME}-state") is not None) == (
         claim == f"{FULLNAME}-state")
+
+
+def _tls_settings(config: dict[str, Any]) -> dict[str, str]:
+    return {key: config[key] for key in ("ca_file", "cert_file", "key_file") if key in config}
 
 
 def _env(rendered: Rendered, name: str) -> dict[str, Any]:
@@ -185,12 +197,128 @@ def test_bundled_broker_values() -> None:
     config = rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["mosquitto.conf"]
     assert "listener 8883" in config and "certfile /mosquitto/tls/tls.crt" in config
     assert "persistence true" in config
+    # TLS on: no plaintext listener, and the coordinator connects over TLS too, trusting the
+    # CA that cert-manager puts beside the broker's certificate.
+    assert _listeners(config) == {8883: ["certfile /mosquitto/tls/tls.crt", "keyfile /mosquitto/tls/tls.key",
+                                         "use_username_as_clientid true"]}
     service = rendered.get("Service", f"{FULLNAME}-mosquitto")
     assert service["spec"]["type"] == "LoadBalancer"
-    assert [p["port"] for p in service["spec"]["ports"]] == [1883, 8883]
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(8883, "mqtts")]
+    broker = container(rendered.get("Deployment", f"{FULLNAME}-mosquitto"), "mosquitto")
+    assert [p["name"] for p in broker["ports"]] == ["mqtts"]
+    assert broker["livenessProbe"]["tcpSocket"]["port"] == broker["readinessProbe"]["tcpSocket"]["port"] == "mqtts"
+    settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
+    assert settings["broker_url"] == f"mqtts://{FULLNAME}-mosquitto:8883"
+    assert _tls_settings(settings) == {"ca_file": "/etc/edgefl-tls/ca/ca.crt"}
+    assert _secret_volume(rendered, FULLNAME, "/etc/edgefl-tls/ca") == {
+        "secretName": "greenhouse-broker-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert "--broker-url mqtts://<broker address>:8883 --ca-file" in rendered.notes
+    assert "mqtt://" not in rendered.notes.replace("Broker: mqtts://", "")
+    assert "jetson-0-password" not in rendered.notes
     assert rendered.maybe("Secret", f"{FULLNAME}-broker") is None  # the password is in greenhouse-coordinator
     assert rendered.get("PersistentVolumeClaim", f"{FULLNAME}-mosquitto-data")["spec"]["resources"] == {
         "requests": {"storage": "2Gi"}}
+
+
+def _listeners(config: str) -> dict[int, list[str]]:
+    """mosquitto.conf's listeners and the listener options below each (up to the next listener or global option)."""
+    per_listener = {"certfile", "keyfile", "cafile", "require_certificate", "use_identity_as_username",
+                    "use_username_as_clientid"}
+    listeners: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in config.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        option = line.split()[0]
+        if option == "listener":
+            current = listeners.setdefault(int(line.split()[1]), [])
+        elif option in per_listener:
+            assert current is not None, f"{line!r} before any listener"
+            current.append(line)
+        else:
+            current = None
+    return listeners
+
+
+def _secret_volume(rendered: Rendered, deployment: str, mount_path: str) -> dict[str, Any]:
+    spec = rendered.get("Deployment", deployment)["spec"]["template"]["spec"]
+    mounts = [m for c in spec["containers"] for m in c["volumeMounts"] if m["mountPath"] == mount_path]
+    assert len(mounts) == 1 and mounts[0]["readOnly"] is True, mounts
+    return {v["name"]: v for v in spec["volumes"]}[mounts[0]["name"]]["secret"]
+
+
+def test_client_certificate_values() -> None:
+    """Device identity by certificate: the broker requires one from the device CA, its CN is the username."""
+    rendered = render(values_of(CHART / "ci" / "client-certificate-values.yaml"))
+    config = rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["mosquitto.conf"]
+    assert _listeners(config) == {8883: [
+        "certfile /mosquitto/tls/tls.crt", "keyfile /mosquitto/tls/tls.key", "cafile /mosquitto/client-ca/ca.crt",
+        "require_certificate true", "use_identity_as_username true", "use_username_as_clientid true"]}
+    assert _secret_volume(rendered, f"{FULLNAME}-mosquitto", "/mosquitto/client-ca") == {
+        "secretName": "factory-9-device-ca", "items": [{"key": "devices.pem", "path": "ca.crt"}]}
+    assert _secret_volume(rendered, f"{FULLNAME}-mosquitto", "/mosquitto/tls") == {
+        "secretName": "factory-9-broker-tls"}
+
+    # The coordinator presents its own certificate and trusts the broker through its CA Secret.
+    settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
+    assert settings["broker_url"] == f"mqtts://{FULLNAME}-mosquitto:8883"
+    assert _tls_settings(settings) == {"ca_file": "/etc/edgefl-tls/ca/ca.crt",
+                                       "cert_file": "/etc/edgefl-tls/client/tls.crt",
+                                       "key_file": "/etc/edgefl-tls/client/tls.key"}
+    assert _secret_volume(rendered, FULLNAME, "/etc/edgefl-tls/ca") == {
+        "secretName": "factory-9-broker-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert _secret_volume(rendered, FULLNAME, "/etc/edgefl-tls/client") == {
+        "secretName": "factory-9-coordinator-cert", "defaultMode": 0o440,
+        "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]}
+
+    # The notes tell agents to use mqtts and their certificate, and name no secret value.
+    assert "--broker-url mqtts://<broker address>:8883" in rendered.notes
+    assert "--cert-file <agent cert> --key-file <agent key>" in rendered.notes
+    assert "--broker-password" not in rendered.notes
+    assert rendered.secret_value(f"{FULLNAME}-broker", "password") not in rendered.notes
+
+
+def test_a_plaintext_listener_beside_tls_only_when_asked() -> None:
+    values = {"mosquitto": {"plaintextListener": True, "tls": {"enabled": True, "existingSecret": "tls"}},
+              "broker": {"password": "coordinator-secret"}}
+    rendered = render(values)
+    config = rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["mosquitto.conf"]
+    # Each listener names the client by its username: %c in the ACL cannot be spoofed on either.
+    assert _listeners(config) == {
+        1883: ["use_username_as_clientid true"],
+        8883: ["certfile /mosquitto/tls/tls.crt", "keyfile /mosquitto/tls/tls.key", "use_username_as_clientid true"]}
+    assert "INSECURE" in config
+    service = rendered.get("Service", f"{FULLNAME}-mosquitto")
+    assert [p["port"] for p in service["spec"]["ports"]] == [1883, 8883]
+    # The coordinator still uses TLS; the notes warn about the plaintext port.
+    settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
+    assert settings["broker_url"] == f"mqtts://{FULLNAME}-mosquitto:8883"
+    assert "WARNING: mosquitto.plaintextListener is on: port 1883" in rendered.notes
+    assert "coordinator-secret" not in rendered.notes
+    # Without TLS the plaintext listener is the only one, whatever plaintextListener says.
+    plain = render({"mosquitto": {"plaintextListener": False}})
+    assert _listeners(plain.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["mosquitto.conf"]) == {
+        1883: ["use_username_as_clientid true"]}
+    assert "--broker-url mqtt://<broker address>:1883" in plain.notes and "WARNING: mosquitto.tls.enabled is false" in (
+        plain.notes)
+
+
+def test_the_acl_pins_every_client_to_the_charts_federation() -> None:
+    acl = render({"federation": "greenhouse"}).get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"]
+    rules = [line.split() for line in acl.splitlines() if line.startswith(("topic ", "pattern "))]
+    assert rules and all(topic.startswith("fl/greenhouse/") for _, _, topic in rules), rules
+    assert ["pattern", "write", "fl/greenhouse/updates/%c/#"] in rules
+    assert "fl/+/" not in acl
+
+
+def test_an_external_broker_over_tls_with_the_coordinators_certificate() -> None:
+    rendered = render({"mosquitto": {"enabled": False}, "broker": {
+        "url": "mqtts://mqtt.example.com:8883", "tls": {"clientCertSecret": "coord-cert"}}})
+    settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
+    # No CA Secret: the system's CAs check the broker's certificate.
+    assert _tls_settings(settings) == {"cert_file": "/etc/edgefl-tls/client/tls.crt",
+                                       "key_file": "/etc/edgefl-tls/client/tls.key"}
+    assert _secret_volume(rendered, FULLNAME, "/etc/edgefl-tls/client")["secretName"] == "coord-cert"
 
 
 @pytest.mark.parametrize(("values", "message"), [
@@ -198,6 +326,16 @@ def test_bundled_broker_values() -> None:
     ({"coordinator": {"config": {"state_dir": "/x"}}}, "coordinator.config.state_dir is set by the chart"),
     ({"broker": {"existingSecret": {"name": "s", "usernameKey": "u"}}}, "cannot be used with the bundled broker"),
     ({"mosquitto": {"tls": {"enabled": True}}}, "needs mosquitto.tls.existingSecret"),
+    ({"mosquitto": {"tls": {"requireClientCertificate": True, "clientCASecret": "ca"}},
+      "broker": {"tls": {"clientCertSecret": "c"}}}, "requireClientCertificate needs mosquitto.tls.enabled"),
+    ({"mosquitto": {"tls": {"enabled": True, "existingSecret": "t", "requireClientCertificate": True}},
+      "broker": {"tls": {"clientCertSecret": "c"}}}, "needs mosquitto.tls.clientCASecret"),
+    ({"mosquitto": {"tls": {"enabled": True, "existingSecret": "t", "requireClientCertificate": True,
+                            "clientCASecret": "ca"}}}, "needs broker.tls.clientCertSecret"),
+    ({"mosquitto": {"enabled": False}, "broker": {"url": "mqtt://b:1883", "tls": {"caSecret": "ca"}}},
+     "only used over TLS"),
+    ({"coordinator": {"config": {"ca_file": "/x"}}}, "coordinator.config.ca_file is set by the chart"),
+    ({"mosquitto": {"tls": {"clientCASecret": "Not_A_Name"}}}, "/mosquitto/tls/clientCASecret"),
     ({"federation": "a/b"}, "/federation"),
     ({"mosquitto": {"agents": [{"username": "bad id", "password": "p"}]}}, "/mosquitto/agents/0/username"),
     ({"coordinator": {"httpPort": 70000}}, "/coordinator/httpPort"),
