@@ -24,13 +24,19 @@ from coordinator.aggregation.errors import AggregationError, FailureReason
 from coordinator.aggregation.mean import mean_of_rows
 from coordinator.aggregation.stack import NamedArrays, UpdateStack, check_f
 
+GRAM_MIN_WIDTH = 2048
+"""Columns per block at least (up to n): the buffer then stays under the n x n Gram matrix itself."""
+
 
 def pairwise_squared_distances(stack: UpdateStack) -> np.ndarray:
     """(n, n) squared L2 distances between the rows (clipped, if the stack clips), float64."""
     n = stack.n
     gram = np.zeros((n, n))
-    buffer = np.empty(stack.block_width() * n)
-    for block in stack.blocks():
+    # Each block adds an n x n product into the Gram matrix: narrow blocks (the stack's budget
+    # spread over many rows) would make that memory traffic, not the multiplication, the cost.
+    width = max(stack.block_width(), min(GRAM_MIN_WIDTH, n))
+    buffer = np.empty(width * n)
+    for block in stack.blocks(width):
         rows = stack.read_rows(block, buffer)
         gram += rows @ rows.T  # numpy hands a @ a.T to BLAS syrk: half the products
     squares = np.diag(gram).copy()

@@ -1,0 +1,326 @@
+"""One configuration of bench/scale.py: a fresh Mosquitto, the real coordinator as its own
+process, a light fleet (lightfleet.py), then the raw transport baseline on the same broker.
+
+The coordinator is watched from outside, as an operator would: rounds.jsonl in its state
+directory (read as it grows), and /proc/<pid> for its peak RSS and CPU time, sampled when each
+round's line appears. It is not started with --exit-when-finished, so that /proc still
+describes it after the last round. Every wait is bounded: a coordinator that dies or stalls
+fails its row with the reason instead of hanging the bench.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lightfleet import LightFleet, replay_raw
+
+from launcher.broker import MosquittoBroker
+from launcher.fleet import ManagedProcess, as_flags
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+SPLITS = ("collect_s", "aggregate_s", "checkpoint_s", "publish_s")
+"""Round-time parts newer coordinators write to rounds.jsonl; printed when present."""
+TRANSPORT_BYTES_PER_S = 20e6
+"""Pessimistic throughput for deadlines and timeouts: generous on a busy 2-core machine."""
+
+
+def human(count: int) -> str:
+    """127000 -> 127k, 8000000 -> 8M."""
+    for size, suffix in ((1_000_000, "M"), (1000, "k")):
+        if count >= size and count % (size // 10) == 0:
+            return f"{count / size:g}{suffix}"
+    return str(count)
+
+
+@dataclass(frozen=True)
+class Config:
+    agents: int
+    params: int
+    aggregator: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.agents}x{human(self.params)}/{self.aggregator}"
+
+    @property
+    def update_bytes(self) -> int:
+        return self.params * 4 + 2048
+
+    @property
+    def round_budget_s(self) -> float:
+        """The coordinator's round deadline: all updates at a pessimistic rate, plus slack."""
+        return 60.0 + self.agents * self.update_bytes / TRANSPORT_BYTES_PER_S
+
+
+@dataclass
+class Result:
+    config: Config
+    records: list[dict[str, Any]] = field(default_factory=list)
+    sent: int = 0
+    raw_s: float | None = None
+    peak_rss: int | None = None
+    cpu_per_round_s: float | None = None
+    error: str | None = None
+
+    @property
+    def timed(self) -> list[dict[str, Any]]:
+        """The rounds after the bootstrap (the first), which send deltas."""
+        return self.records[1:]
+
+    @property
+    def round_s(self) -> float | None:
+        return statistics.median(r["duration_s"] for r in self.timed) if self.timed else None
+
+    def split(self, name: str) -> float | None:
+        values = [r[name] for r in self.timed if isinstance(r.get(name), (int, float))]
+        return statistics.median(values) if values else None
+
+    @property
+    def accepted(self) -> int:
+        return sum(int(r["answered"]) for r in self.records)
+
+    @property
+    def failed_rounds(self) -> list[str]:
+        return [f"round {r['round']} {r['outcome']} ({r.get('reason')})" for r in self.records
+                if r["outcome"] != "completed"]
+
+
+# -- the coordinator, seen from outside -------------------------------------------------
+def proc_status(pid: int) -> dict[str, int]:
+    """VmHWM, VmRSS... of /proc/<pid>/status, in bytes (empty once the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name.startswith("Vm") and value.strip().endswith("kB"):
+            out[name] = int(value.split()[0]) * 1024
+    return out
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class RoundsLog:
+    """rounds.jsonl, read incrementally as the coordinator appends to it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = ""
+        self.records: list[dict[str, Any]] = []
+
+    def poll(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open() as handle:
+                handle.seek(self._offset)
+                text = handle.read()
+                self._offset = handle.tell()
+        except FileNotFoundError:
+            return []
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        fresh = [json.loads(line) for line in lines if line.strip()]
+        self.records += fresh
+        return fresh
+
+
+def start_coordinator(run_dir: Path, url: str, rounds: int, settings: dict[str, Any]) -> ManagedProcess:
+    state_dir = run_dir / "coordinator"
+    merged = {"federation": "scale", "broker_url": url, "state_dir": state_dir, "http_host": "127.0.0.1",
+              "http_port": 0, "rounds": rounds, "fraction_fit": 1.0, "agent_timeout_s": 3600.0,
+              "evaluate_final": False, "exit_when_finished": False, **settings}
+    argv = [sys.executable, "-m", "coordinator", "run", *as_flags(merged)]
+    process = ManagedProcess("coordinator", argv, state_dir / "coordinator.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
+    return process.start()
+
+
+def watch(coordinator: ManagedProcess, log: RoundsLog, rounds: int, timeout_s: float, poll_s: float,
+          on_round: Callable[[dict[str, Any], int], None], max_rss: int | None = None,
+          fleet: LightFleet | None = None) -> str | None:
+    """Wait for ``rounds`` lines; call ``on_round(record, pid)`` as each appears. The failure, or None.
+
+    ``max_rss``: kill the coordinator above this resident size, before it takes a shared machine down.
+    ``fleet``: stop at its first error (it would not answer the round).
+    """
+    deadline = time.monotonic() + timeout_s
+    assert coordinator.pid is not None
+    while len(log.records) < rounds:
+        for record in log.poll():
+            on_round(record, coordinator.pid)
+        if len(log.records) >= rounds:
+            break
+        if not coordinator.running:
+            tail = coordinator.log_tail(3).replace("\n", " | ")[-300:]
+            return f"coordinator exited with {coordinator.returncode} after {len(log.records)} rounds: {tail}"
+        if fleet is not None and fleet.errors:
+            return f"the light fleet failed after {len(log.records)} rounds"
+        if time.monotonic() > deadline:
+            return f"timeout after {timeout_s:.0f}s ({len(log.records)} of {rounds} rounds closed)"
+        rss = proc_status(coordinator.pid).get("VmRSS", 0)
+        if max_rss is not None and rss > max_rss:
+            coordinator.kill()
+            return f"killed at RSS {rss / 1e9:.1f} GB > the bench's limit {max_rss / 1e9:.1f} GB ({len(log.records)} rounds closed)"
+        time.sleep(poll_s)
+    return None
+
+
+# -- one configuration -------------------------------------------------------------------
+def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | None = None,
+               max_rss: int | None = None) -> Result:
+    result = Result(config)
+    run_dir = Path(tempfile.mkdtemp(prefix="fl-scale-"))
+    broker = MosquittoBroker(workdir=run_dir / "broker")
+    fleet: LightFleet | None = None
+    coordinator: ManagedProcess | None = None
+    try:
+        broker.start()
+        settings: dict[str, Any] = {
+            "aggregator": config.aggregator, "byzantine_f": 1 if config.aggregator in ("krum", "multi_krum") else 0,
+            "min_fit_agents": config.agents, "min_available_agents": config.agents,
+            "round_deadline_s": round(config.round_budget_s), "max_update_bytes": max(256 << 20, 2 * config.update_bytes),
+            "log_level": "INFO",
+        }
+        coordinator = start_coordinator(run_dir, broker.url, rounds, settings)
+        fleet = LightFleet(broker.url, "scale", config.agents, config.params, publishers=publishers).start()
+        log = RoundsLog(run_dir / "coordinator" / "rounds.jsonl")
+        cpu: list[float] = []
+
+        def on_round(record: dict[str, Any], pid: int) -> None:
+            seconds = cpu_seconds(pid)
+            if seconds is not None:
+                cpu.append(seconds)
+
+        # Registration of every agent, then the rounds: each may take up to its deadline.
+        timeout = 120.0 + rounds * config.round_budget_s * 1.5
+        result.error = watch(coordinator, log, rounds, timeout, 0.1, on_round, max_rss, fleet)
+        result.records = log.records
+        if coordinator.pid is not None:
+            result.peak_rss = proc_status(coordinator.pid).get("VmHWM")
+        if len(cpu) >= 2:
+            result.cpu_per_round_s = (cpu[-1] - cpu[0]) / (len(cpu) - 1)
+        fleet.drain(60.0)
+        result.sent = fleet.acked
+        if fleet.errors:
+            result.error = (result.error or "") + f" fleet: {fleet.errors[0]}"
+        coordinator.terminate(30.0)  # its memory back before the baseline
+        if result.error is None and fleet.stats.update_sizes:
+            last = max(fleet.stats.update_sizes)
+            result.raw_s = raw_transport(fleet, fleet.stats.update_sizes[last], broker.url,
+                                         timeout_s=config.round_budget_s * 2)
+    except Exception as exc:  # noqa: BLE001 - a crash fails this row, not the bench
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        if coordinator is not None:
+            coordinator.terminate(30.0)
+        broker.stop()
+        if keep is not None:
+            shutil.copytree(run_dir / "coordinator", keep / config.label.replace("/", "_"), dirs_exist_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return result
+
+
+def raw_transport(fleet: LightFleet, sizes: list[list[int]], url: str, timeout_s: float) -> float:
+    """Seconds from the first publish to the last receipt of the same messages (sizes, publishers)
+    as plain bytes to one subscriber in its own process: what the broker and the MQTT client
+    cost, with no encoding, validation or aggregation."""
+    total = sum(len(s) for s in sizes)
+    sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", url, "bench/raw", str(total)],
+                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert sink.stdout is not None
+        if sink.stdout.readline().strip() != "ready":
+            raise RuntimeError("the raw transport sink did not start")
+        start = replay_raw(fleet.publishers, sizes, "bench/raw")
+        out, _ = sink.communicate(timeout=timeout_s)
+        _, _first, last, count, _size = out.split()
+        if int(count) != total:
+            raise RuntimeError(f"the sink got {count} of {total} messages")
+        return float(last) - start
+    finally:
+        if sink.poll() is None:
+            sink.kill()
+            sink.wait()
+
+
+# -- the long run ------------------------------------------------------------------------
+@dataclass
+class LongResult:
+    rounds: int
+    records: list[dict[str, Any]] = field(default_factory=list)
+    early: dict[str, float] = field(default_factory=dict)
+    """At round ``EARLY_ROUND`` (or the first poll after it): round, rss, checkpoint bytes."""
+    late: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def gaps(self, first: int, last: int) -> list[float]:
+        """Seconds between the closes of consecutive rounds, for rounds first..last (1-based)."""
+        closed = [r["closed_at"] for r in self.records[max(0, first - 2):last]]
+        return [b - a for a, b in zip(closed, closed[1:], strict=False)]
+
+
+EARLY_ROUND = 100
+
+
+def run_long(rounds: int, agents: int = 6, params: int = 1000) -> LongResult:
+    """``agents`` light agents for ``rounds`` back-to-back rounds of a tiny model (mean)."""
+    result = LongResult(rounds)
+    run_dir = Path(tempfile.mkdtemp(prefix="fl-scale-long-"))
+    broker = MosquittoBroker(workdir=run_dir / "broker")
+    fleet: LightFleet | None = None
+    coordinator: ManagedProcess | None = None
+    checkpoint = run_dir / "coordinator" / "checkpoint.msgpack"
+
+    def sample(record: dict[str, Any], pid: int) -> dict[str, float]:
+        return {"round": record["round"], "rss": proc_status(pid).get("VmRSS", 0),
+                "checkpoint": checkpoint.stat().st_size if checkpoint.exists() else 0}
+
+    def on_round(record: dict[str, Any], pid: int) -> None:
+        if not result.early and record["round"] >= min(EARLY_ROUND, rounds):
+            result.early = sample(record, pid)
+
+    try:
+        broker.start()
+        settings = {"aggregator": "mean", "min_fit_agents": agents, "min_available_agents": agents,
+                    "round_deadline_s": 60, "log_level": "WARNING"}
+        coordinator = start_coordinator(run_dir, broker.url, rounds, settings)
+        fleet = LightFleet(broker.url, "scale", agents, params, publishers=1).start()
+        log = RoundsLog(run_dir / "coordinator" / "rounds.jsonl")
+        result.error = watch(coordinator, log, rounds, 120.0 + rounds * 2.0, 0.02, on_round, fleet=fleet)
+        result.records = log.records
+        if log.records and coordinator.pid is not None:
+            result.late = sample(log.records[-1], coordinator.pid)
+        if fleet.errors:
+            result.error = (result.error or "") + f" fleet: {fleet.errors[0]}"
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        result.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        if coordinator is not None:
+            coordinator.terminate(30.0)
+        broker.stop()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return result

@@ -1,0 +1,31 @@
+"""bench/scale.py --quick runs end to end (a real Mosquitto, the coordinator as its own process,
+light agents) and prints its tables; timings and sizes are reported, not asserted, except that
+no update may be lost: every update the broker acknowledged was accepted."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.bench_runner import run_bench
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_scale_bench_quick_prints_grid_and_long_run() -> None:
+    out = run_bench("scale.py", "--quick", timeout_s=600)
+    assert re.search(r"^agents\s+params\s+aggregator\s+round s.*raw s\s+ratio\s+RSS MB\s+CPU s/rd\s+accepted/sent",
+                     out, re.MULTILINE), out
+    rows = re.findall(r"^\s*(\d+)\s+127k\s+(mean|krum)\s+\d+\.\d+\s.*?\s(\d+)/(\d+)\s+(\S.*)$", out, re.MULTILINE)
+    assert sorted((int(n), agg) for n, agg, *_ in rows) == [(50, "krum"), (50, "mean"), (300, "krum"), (300, "mean")], out
+    for agents, aggregator, accepted, sent, status in rows:
+        assert status == "ok", (agents, aggregator, status, out)
+        assert int(sent) == int(accepted) == 3 * int(agents), (agents, aggregator, out)  # 3 rounds, all answering
+    assert re.search(r"^PASS\s+0 lost updates", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|MISS)\s+mean round time <= 1.3x raw transport", out, re.MULTILINE), out
+    # the long run: 200 rounds closed, both points measured, three flatness verdicts
+    assert re.search(r"^long run: 200 of 200 rounds closed$", out, re.MULTILINE), out
+    for what in ("median time between rounds", "coordinator RSS", "checkpoint.msgpack"):
+        assert re.search(rf"^{what}.*\s\d+\.\d\s+\d+\.\d\s+\d+\.\d\d$", out, re.MULTILINE), (what, out)
+    assert len(re.findall(r"^(PASS|MISS)\s+.*flat within 10%", out, re.MULTILINE)) == 3, out
