@@ -19,6 +19,7 @@ import random
 import ssl
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from urllib.parse import unquote, urlsplit
@@ -149,6 +150,13 @@ class Will:
     retain: bool = True
 
 
+def _acknowledged(info: paho.MQTTMessageInfo) -> bool:
+    try:
+        return info.is_published()
+    except (RuntimeError, ValueError):  # it failed for good: nothing to wait for
+        return True
+
+
 def _no_write_from_caller(client: paho.Client, userdata: object, sock: object) -> None:
     """paho's write hook: writes stay on the network thread, which wakes on its own socket pair."""
 
@@ -186,6 +194,8 @@ class MqttLink:
         self._connected = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._pending: deque[paho.MQTTMessageInfo] = deque()
+        self._pending_lock = threading.Lock()
 
         client = paho.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
@@ -224,12 +234,35 @@ class MqttLink:
     def connected(self) -> bool:
         return self._connected.is_set()
 
+    def wait_connected(self, timeout_s: float) -> bool:
+        """True once connected (False after ``timeout_s``)."""
+        return self._connected.wait(timeout_s)
+
     @property
     def reconnects(self) -> int:
         return max(0, self.connects - 1)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Disconnect cleanly (the broker then does not send the last will)."""
+        """Disconnect cleanly (the broker then does not send the last will), once what was published
+        is acknowledged (within ``timeout_s``).
+
+        Waiting matters: paho closes the socket right after writing DISCONNECT, and closing with
+        acknowledgements still unread makes the kernel reset the connection; Mosquitto then
+        drops the client as failed ("out of memory" in its log), sends the last will and may lose
+        what it had not read yet - the coordinator's final "finished" status, say.
+        """
+        deadline = time.monotonic() + timeout_s
+        if self._connected.is_set():
+            with self._pending_lock:
+                pending = list(self._pending)
+            for info in pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._connected.is_set():
+                    break
+                try:
+                    info.wait_for_publish(left)
+                except (RuntimeError, ValueError):  # never queued, or the connection went meanwhile
+                    break
         self._stopping.set()
         if self._connected.is_set():
             self._client.disconnect()
@@ -238,7 +271,13 @@ class MqttLink:
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> paho.MQTTMessageInfo:
         """Queue a message from any thread; the network thread sends it now or after the next reconnect."""
-        return self._client.publish(topic, payload, qos=qos, retain=retain)
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        if qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:  # not queued for a later connection
+            with self._pending_lock:  # what ``stop`` waits for; acknowledged ones are let go as we go
+                self._pending.append(info)
+                while self._pending and _acknowledged(self._pending[0]):
+                    self._pending.popleft()
+        return info
 
     # -- network thread ------------------------------------------------------------
     def _run(self) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from launcher.broker import MosquittoBroker
-from protocol.mqtt import BrokerAddress, MqttLink
+from protocol.mqtt import BrokerAddress, MqttLink, Will
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +96,42 @@ def test_large_messages_from_several_threads_arrive_intact(tmp_path: Path) -> No
     assert set(inbox.payloads) == expected_topics
     assert "protocol error" not in broker_log.lower(), broker_log
 
+
+
+def test_a_link_that_stops_right_after_publishing_disconnects_cleanly(tmp_path: Path) -> None:
+    """Every message published before ``stop`` is acknowledged before the DISCONNECT goes out.
+
+    Closing with acknowledgements still unread made the kernel reset the connection: Mosquitto
+    logged the client as disconnected "due to out of memory", sent its last will (a coordinator
+    that had just said "finished" then looked offline) and could lose its last messages.
+    """
+    links = 20
+    heard: list[str] = []
+    with MosquittoBroker(workdir=tmp_path / "broker") as broker:
+        address = BrokerAddress.parse(broker.url)
+        receiver = MqttLink("receiver", address, lambda topic, payload, retained: heard.append(topic),
+                            subscriptions=[("stops/#", 1)])
+        receiver.start()
+        try:
+            for i in range(links):
+                link = MqttLink(f"stopper-{i}", address, lambda *_: None, will=Will("stops/will", b"gone"))
+                link.start()
+                assert link.wait_connected(30), "the link did not connect"
+                link.publish("stops/state", os.urandom(64 * 1024), retain=True)
+                link.publish(f"stops/final/{i}", b"finished", retain=True)
+                link.stop()
+
+            def disconnects() -> list[str]:
+                return [line for line in broker.log_path.read_text(errors="replace").splitlines()
+                        if "Client stopper-" in line and "disconnected" in line]
+
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(disconnects()) < links and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(disconnects()) == links, disconnects()
+        finally:
+            receiver.stop()
+    unclean = [line for line in disconnects() if "due to" in line]
+    assert not unclean, unclean
+    assert "stops/will" not in heard
+    assert {t for t in heard if t.startswith("stops/final/")} == {f"stops/final/{i}" for i in range(links)}
