@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from pathlib import Path
 
 import typer
 
 from coordinator.config import CoordinatorSettings
+from coordinator.enrollment import enroll
 from coordinator.service import CoordinatorService
 from protocol.cli_options import settings_command
+from protocol.signing import PublicKey, SigningKey
 
 app = typer.Typer(add_completion=False, help="Federated learning coordinator for edge fleets over MQTT.")
 
@@ -30,6 +33,40 @@ def run(settings: CoordinatorSettings) -> int:
 
 
 app.command("run")(settings_command(CoordinatorSettings, run))
+
+
+@app.command("enroll")
+def enroll_command(
+    agent_ids: list[str] = typer.Argument(..., help="ids of the devices to enroll"),
+    state_dir: Path = typer.Option(Path("coordinator-state"), help="the coordinator's state directory"),
+    enrolled_agents_file: Path | None = typer.Option(None, help="default: STATE_DIR/enrolled.json"),
+    signing_key_file: Path | None = typer.Option(None, help="the coordinator's key; default: STATE_DIR/coordinator_key.pem"),
+    bundle_dir: Path = typer.Option(Path("enrolled"), help="where each device's credentials are written, one folder each"),
+    public_key: str | None = typer.Option(None, help="register this key (ed25519:<base64>) for one device that made "
+                                                      "its own, instead of issuing one"),
+    max_samples: int | None = typer.Option(None, min=1, help="most samples the device may claim as its weight"),
+) -> None:
+    """Enroll devices: issue (or take) each one's signing key, register it, and hand it the coordinator's key.
+
+    A running coordinator picks new enrollments up without a restart. Each device's folder holds
+    agent_key.pem (its private key: copy it to the device only) and coordinator.pub; run the agent
+    with --signing-key-file agent_key.pem --coordinator-key coordinator.pub.
+    """
+    if public_key is not None and len(agent_ids) != 1:
+        raise typer.BadParameter("--public-key registers one device at a time", param_hint="--public-key")
+    settings = CoordinatorSettings(state_dir=state_dir, enrolled_agents_file=enrolled_agents_file,
+                                   signing_key_file=signing_key_file)
+    coordinator_key = SigningKey.load_or_create(settings.signing_key_path).public_key
+    for agent_id in agent_ids:
+        folder = bundle_dir / agent_id
+        folder.mkdir(parents=True, exist_ok=True)
+        if public_key is not None:
+            key = PublicKey.from_text(public_key)
+        else:
+            key = SigningKey.load_or_create(folder / "agent_key.pem").public_key
+        enroll(settings.enrollment_path, agent_id, key, max_samples)
+        (folder / "coordinator.pub").write_text(coordinator_key.to_text() + "\n")
+        typer.echo(f"enrolled {agent_id} (key {key.key_id}); credentials in {folder}")
 
 
 def main() -> None:

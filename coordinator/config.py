@@ -94,6 +94,17 @@ class CoordinatorSettings(BaseSettings):
 
     # limits
     max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    enrollment: Literal["required", "open"] = Field(default="required", description=(
+        "required: accept only agents enrolled with 'coordinator enroll', by their signatures; "
+        "open: anyone who reaches the broker (experiments only)"))
+    enrolled_agents_file: Path | None = Field(default=None, description=(
+        "enrolled agents' public keys; default STATE_DIR/enrolled.json"))
+    signing_key_file: Path | None = Field(default=None, description=(
+        "the coordinator's Ed25519 key (created if missing); default STATE_DIR/coordinator_key.pem"))
+    max_samples_per_update: int = Field(default=1_000_000, ge=1, description=(
+        "most samples an update may claim as its weight (an enrollment's max_samples can lower it)"))
+    max_norm_ratio: float = Field(default=10.0, ge=0.0, allow_inf_nan=False, description=(
+        "reject a delta whose L2 norm exceeds this times the previous round's median; 0 turns it off"))
     aggregation_memory_mb: int = Field(default=512, ge=0, le=1_048_576, description=(
         "robust rules keep a round's updates in memory up to this, in a memory-mapped file under state_dir beyond it"))
     max_message_bytes: int = Field(default=0, ge=0, description=(
@@ -151,6 +162,14 @@ class CoordinatorSettings(BaseSettings):
     @property
     def mqtt_client_id(self) -> str:
         return self.client_id or f"coordinator-{self.federation}"
+
+    @property
+    def enrollment_path(self) -> Path:
+        return self.enrolled_agents_file or Path(self.state_dir) / "enrolled.json"
+
+    @property
+    def signing_key_path(self) -> Path:
+        return self.signing_key_file or Path(self.state_dir) / "coordinator_key.pem"
 
     def broker_address(self) -> BrokerAddress:
         password = self.broker_password.get_secret_value() if self.broker_password else None

@@ -26,8 +26,10 @@ from typing import Protocol
 from coordinator.checkpoint import CheckpointStore
 from coordinator.closing import Closure, InlineExecutor, aggregate, summarise, with_checkpoint_time
 from coordinator.config import CoordinatorSettings
+from coordinator.enrollment import Enrollment
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.norms import NormGuard
 from coordinator.privacy import FleetPrivacy
 from coordinator.registry import AgentRegistry
 from coordinator.retained import RetainedStates
@@ -36,6 +38,7 @@ from coordinator.selection import plan_selection
 from coordinator.strategies.base import Strategy
 from protocol.chunking import split_payload
 from protocol.messages import AgentStatus, CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
+from protocol.signing import SigningKey
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
@@ -65,6 +68,7 @@ class RoundEngine:
         on_round_closed: Callable[[RoundSummary], None] | None = None,
         on_resumed: Callable[[RoundSummary | None], None] | None = None,
         background: Executor | None = None,
+        signing_key: SigningKey | None = None,
     ) -> None:
         self.settings = settings
         self.strategy = strategy
@@ -78,6 +82,13 @@ class RoundEngine:
         self.background = background or InlineExecutor()
         """Where rounds are aggregated and checkpointed: a thread in the service, inline in unit tests."""
         self.closing: tuple[Closure, Future[Closure]] | None = None
+        self.signing_key = signing_key
+        """Signs every status, announcement and global state published (None: unsigned, engine unit tests)."""
+        self.enrollment = Enrollment(settings.enrollment_path) if settings.enrollment == "required" else None
+        if self.enrollment is None:
+            log.warning("enrollment is open: any client that reaches the broker can join and send updates "
+                        "(for experiments only; enroll agents with 'coordinator enroll' and drop --enrollment open)")
+        self.norms = NormGuard(settings.max_norm_ratio)
         self.topics = Topics(settings.federation)
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.inbound = InboundFilter(self, metrics)
@@ -142,14 +153,14 @@ class RoundEngine:
         remaining = announcement.deadline_s - age
         wanted = int(saved.get("wanted", len(announcement.selected)))
         if remaining <= 0 and self.settings.resume_grace_s <= 0:
-            self.open = OpenRound(announcement, saved["announcement"], now, now - age, wanted)
+            self.open = OpenRound(announcement, self._sealed(saved["announcement"]), now, now - age, wanted)
             self._begin_round(self.open)
             self._close_round(now, ("interrupted", "coordinator restarted after the deadline"))
             return
         # Past its deadline, the round still waits a grace period for the updates the broker queued
         # for us and those agents resend to the new session, rather than throw finished work away.
         remaining = max(remaining, self.settings.resume_grace_s)
-        self.open = OpenRound(announcement, saved["announcement"], now + remaining, now - age, wanted)
+        self.open = OpenRound(announcement, self._sealed(saved["announcement"]), now + remaining, now - age, wanted)
         self._begin_round(self.open)
         log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
 
@@ -168,9 +179,11 @@ class RoundEngine:
         if status.state == "offline" and self.open is not None and status.agent_id in self.open.selected_set:
             self.open.went_offline.add(status.agent_id)
 
-    def accept_update(self, update: Update, size: int) -> None:
-        """Called by the inbound filter for an update that passed every check."""
+    def accept_update(self, update: Update, size: int, norm: float | None = None) -> None:
+        """Called by the inbound filter for an update that passed every check (``norm``: its delta's)."""
         assert self.open is not None
+        if norm is not None:
+            self.norms.accepted(update.family, norm)
         self.open.updates[update.agent_id] = self.strategy.admit(update)
         self.open.bytes_in += size
         self.metrics.updates.labels("accepted").inc()
@@ -253,9 +266,10 @@ class RoundEngine:
             states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in self.strategy.states.items()},
             init_seed=s.init_seed, issued_at=self.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
         )
-        payload = encode_message(announcement)
-        self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": payload,
+        plain = encode_message(announcement)
+        self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": plain,
                                      "wanted": wanted})
+        payload = self._sealed(plain)
         self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
         self._begin_round(self.open)
         started = time.perf_counter()
@@ -339,6 +353,7 @@ class RoundEngine:
             self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
         self.last_summary = summary
         self.finished = closure.finished
+        self.norms.close_round(completed=summary.outcome == "completed" and summary.task == "train")
         self._record(summary, closure.stragglers, closure.dropouts)
         if self.finished:
             self._publish_states()  # the final model, for whoever fetches it
@@ -372,7 +387,7 @@ class RoundEngine:
         for family, state in list(self.strategy.states.items()):
             if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
-            payload = encode_message(state.message(self.run_id, family))
+            payload = self._sealed(encode_message(state.message(self.run_id, family)))
             for piece in split_payload(payload, self.settings.max_message_bytes):
                 sent += self._publish(self.topics.global_state(family, state.round), piece, "global_state", retain=True)
             superseded = self.retained.published(family, state.round, state.digest)
@@ -387,7 +402,12 @@ class RoundEngine:
             round=self.open.number if self.open else max(self.next_round - 1, 0),
             algorithm=self.strategy.algorithm, version=SOFTWARE_VERSION, timestamp=self.wall_clock(),
         )
-        self._publish(self.topics.coordinator_status, encode_message(status), "coordinator_status", retain=True)
+        self._publish(self.topics.coordinator_status, self._sealed(encode_message(status)), "coordinator_status",
+                      retain=True)
+
+    def _sealed(self, payload: bytes) -> bytes:
+        """``payload`` in a signed envelope (deterministic: the same payload seals to the same bytes)."""
+        return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
 
     def _publish(self, topic: str, payload: bytes, kind: str, *, retain: bool) -> int:
         self.outbox.publish(topic, payload, retain=retain)
@@ -397,10 +417,10 @@ class RoundEngine:
 
     def offline_status(self) -> bytes:
         """The last will: published by the broker if this process dies."""
-        return encode_message(CoordinatorStatus(
+        return self._sealed(encode_message(CoordinatorStatus(
             federation=self.settings.federation, run_id=self.run_id or "none", session=self.session,
             state="offline", round=max(self.next_round - 1, 0), algorithm=self.strategy.algorithm,
-            version=SOFTWARE_VERSION, timestamp=self.wall_clock()))
+            version=SOFTWARE_VERSION, timestamp=self.wall_clock())))
 
     def _refresh_online_gauges(self, now: float) -> None:
         if now - self._gauges_refreshed < GAUGE_REFRESH_S:  # tick runs after every message batch

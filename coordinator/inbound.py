@@ -17,7 +17,7 @@ from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, Update
 from protocol.topics import ParsedTopic
-from protocol.wire import decode_message
+from protocol.trust import OPEN, Trust, decode_trusted
 
 if TYPE_CHECKING:
     from coordinator.engine import RoundEngine
@@ -35,7 +35,10 @@ class InboundFilter:
         self.engine = engine
         self.metrics = metrics
         self.update_limits = DecodeLimits(max_payload_bytes=engine.settings.max_update_bytes)
-        self.reassembler = Reassembler(max_bytes=4 * engine.settings.max_update_bytes)
+        self.reassembler = Reassembler(max_bytes=4 * engine.settings.max_update_bytes,
+                                       max_bytes_per_source=engine.settings.max_update_bytes)
+        self.trust = OPEN if engine.enrollment is None else Trust(engine.enrollment.lookup, required=True)
+        """Enrollment required: only what an enrolled agent signed gets past decoding."""
         self._logged: set[tuple[str, str]] = set()
 
     def handle(self, topic: str, payload: bytes) -> None:
@@ -59,9 +62,14 @@ class InboundFilter:
             self.engine.privacy.forget(parsed.agent_id)
             return
         try:
-            status = decode_message(payload, AgentStatus, _STATUS_LIMITS)
+            received = decode_trusted(payload, AgentStatus, _STATUS_LIMITS, self.trust)
         except ProtocolError as exc:
             self.reject("agent_status", exc.reason.value, parsed.agent_id, exc.detail)
+            return
+        status = received.message
+        if received.signer is not None and received.signer != status.agent_id:
+            self.reject("agent_status", RejectReason.SIGNER_MISMATCH.value, parsed.agent_id,
+                        f"status of {status.agent_id} signed by {received.signer}'s key")
             return
         if status.agent_id != parsed.agent_id:
             self.reject("agent_status", RejectReason.TOPIC_MISMATCH.value, parsed.agent_id,
@@ -84,18 +92,22 @@ class InboundFilter:
         assert parsed.agent_id is not None and parsed.round is not None
         open_round = self.engine.open
         try:
-            received = receive(payload, parsed.agent_id, Update, self.reassembler, self.update_limits)
+            received = receive(payload, parsed.agent_id, Update, self.reassembler, self.update_limits, self.trust)
             if received is None:  # more chunks to come
                 return
-            message, size = received
+            message, size = received.message, received.size
+            if received.signer is not None and received.signer != message.agent_id:
+                raise RejectedUpdate(RejectReason.SIGNER_MISMATCH,
+                                     f"update of {message.agent_id} signed by {received.signer}'s key")
             self._check(parsed, message)
+            norm = self.engine.norms.check(message.family, message.delta) if message.delta else None
         except (ProtocolError, RejectedUpdate) as exc:
             if open_round is not None:
                 open_round.rejected += 1
             self.metrics.updates.labels("rejected").inc()
             self.reject("update", exc.reason.value, parsed.agent_id, exc.detail)
             return
-        self.engine.accept_update(message, size)
+        self.engine.accept_update(message, size, norm)
 
     def _check(self, parsed: ParsedTopic, update: Update) -> None:
         engine = self.engine
@@ -122,6 +134,10 @@ class InboundFilter:
             raise RejectedUpdate(RejectReason.WRONG_TASK, f"{update.task} answer to a {open_round.announcement.task} round")
         if record is not None and update.family != record.status.family:
             raise RejectedUpdate(RejectReason.WRONG_FAMILY, f"family {update.family}, status says {record.status.family}")
+        enrolled = engine.enrollment.get(update.agent_id) if engine.enrollment is not None else None
+        cap = min(engine.settings.max_samples_per_update, (enrolled.max_samples if enrolled else None) or 2**62)
+        if update.num_samples > cap:
+            raise RejectedUpdate(RejectReason.TOO_MANY_SAMPLES, f"claims {update.num_samples} samples, at most {cap}")
         if update.task == "train":
             engine.strategy.check_update(update)
 

@@ -20,6 +20,12 @@ class RejectReason(str, Enum):
     MISSING_PAYLOAD = "missing_payload"
     REGISTRY_FULL = "registry_full"
     """A status from a new agent while the registry holds its maximum of live agents."""
+    SIGNER_MISMATCH = "signer_mismatch"
+    """Signed by an enrolled key, but another agent's than the one the message names."""
+    TOO_MANY_SAMPLES = "too_many_samples"
+    """Claims more samples (its weight) than the configured or enrolled maximum."""
+    NORM_OUTLIER = "norm_outlier"
+    """A delta far larger than the previous round's median (max_norm_ratio)."""
     BAD_SHAPE = "bad_shape"
     """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
     (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""

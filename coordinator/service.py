@@ -20,6 +20,7 @@ from coordinator.rounds import RoundSummary
 from coordinator.rounds_log import RoundsLog
 from coordinator.strategies import build_strategy
 from protocol.mqtt import Backoff, Connection, MqttLink, Will
+from protocol.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class CoordinatorService:
         self.engine = RoundEngine(
             settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
             on_round_closed=self._round_closed, on_resumed=self._resumed, background=self._background,
+            signing_key=SigningKey.load_or_create(settings.signing_key_path),
         )
         self._inbox: queue.Queue[tuple[str, object, object]] = queue.Queue()
         self._link: MqttLink | None = None

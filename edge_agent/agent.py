@@ -33,6 +33,7 @@ import queue
 import secrets
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,14 +48,19 @@ from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, PrivacySpent, RoundAnnouncement, Update
 from protocol.mqtt import Backoff, BrokerAddress, MqttLink, Will
+from protocol.signing import PublicKey, SigningKey, single_key
 from protocol.topics import Topics
+from protocol.trust import OPEN, Trust, decode_trusted
 from protocol.version import SOFTWARE_VERSION
-from protocol.wire import decode_message, encode_message
+from protocol.wire import encode_message
 
 log = logging.getLogger(__name__)
 
 _STATE_LIMITS = DecodeLimits()
 """Global states carry whole models: the default (large) bounds."""
+
+EXPIRY_SLACK_S = 600.0
+"""Device clocks drift: an announcement counts as expired only this long after its deadline."""
 
 _SMALL = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
 
@@ -93,6 +99,8 @@ class EdgeAgent:
         exit_when_finished: bool = False,
         straggler: DelayModel = OFF,
         backoff: Backoff | None = None,
+        signing_key: SigningKey | None = None,
+        coordinator_key: PublicKey | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.profile = profile
@@ -105,12 +113,18 @@ class EdgeAgent:
         self.exit_when_finished = exit_when_finished
         self.straggler = straggler
         self.backoff = backoff
+        self.signing_key = signing_key
+        """Signs this agent's statuses and updates (None: unsigned, for an open federation)."""
+        self._trust = OPEN if coordinator_key is None else Trust(single_key("coordinator", coordinator_key), required=True)
+        """With the coordinator's key pinned, only what it signed is acted on."""
+        self.rejected: Counter[str] = Counter()
+        """Messages dropped, by reason; the first of each reason is logged."""
         self.session = secrets.token_hex(6)
         """New on every process start; the coordinator counts a change as a restart."""
         self.announcement: RoundAnnouncement | None = None
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
-        self._reassembler = Reassembler(max_transfers=4)
+        self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome)."""
         self._link: MqttLink | None = None
@@ -140,22 +154,26 @@ class EdgeAgent:
             agent_id=self.agent_id, state=state, device=self.profile.name, family=self.worker.family,  # type: ignore[arg-type]
             num_samples=len(self.worker.data.train), num_eval_samples=len(self.worker.data.held_out),
             version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session, privacy=privacy,
-            reconnects=self._link.reconnects if self._link is not None else 0,
+            reconnects=self._link.reconnects if self._link is not None else 0, rejected=sum(self.rejected.values()),
         )
 
     def _publish_status(self) -> None:
         assert self._link is not None
-        self._link.publish(self.topics.agent_status(self.agent_id), encode_message(self.status()), retain=True)
+        self._link.publish(self.topics.agent_status(self.agent_id), self._sealed(encode_message(self.status())),
+                           retain=True)
 
     # -- lifecycle ------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> int:
         topics = self.topics
+        if self._trust is OPEN:
+            log.warning("no coordinator key pinned (--coordinator-key): this agent acts on any round announcement "
+                        "on the broker, signed or not; enroll it to pin the coordinator's key")
         self._link = MqttLink(
             self.agent_id, self.broker,
             on_message=lambda topic, payload, retained: self._inbox.put(("message", (topic, payload, retained))),
             subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1),
                            (topics.global_states_of(self.worker.family), 1)],
-            will=Will(topics.agent_status(self.agent_id), encode_message(self.status("offline"))),
+            will=Will(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline")))),
             backoff=self.backoff,
             on_connected=lambda connection: self._inbox.put(("connected", None)),
         )
@@ -189,7 +207,7 @@ class EdgeAgent:
                 log.info("stopping while round %d trains: not waiting for it, its update will not be sent",
                          self._training.round)
             if self._link.connected:
-                self._link.publish(topics.agent_status(self.agent_id), encode_message(self.status("offline")),
+                self._link.publish(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline"))),
                                    retain=True)
             self._link.stop()
         return 0
@@ -202,19 +220,40 @@ class EdgeAgent:
         try:
             parsed = self.topics.parse(topic)
             if parsed.kind == "coordinator_status" and payload:
-                self.coordinator = decode_message(payload, CoordinatorStatus, _SMALL)
+                self._on_coordinator_status(decode_trusted(payload, CoordinatorStatus, _SMALL, self._trust).message)
             elif parsed.kind == "round" and payload:
-                self._on_announcement(decode_message(payload, RoundAnnouncement, _SMALL), retained)
+                self._on_announcement(decode_trusted(payload, RoundAnnouncement, _SMALL, self._trust).message, retained)
             elif parsed.kind == "global_state" and parsed.family == self.worker.family:
                 # Some brokers (amqtt) also replay other families' retained states on connect;
                 # states are keyed by round only, so a foreign one would shadow ours.
                 self._on_global_state(parsed.round, payload)  # type: ignore[arg-type]
         except ProtocolError as exc:
-            log.warning("dropped a message on %s: %s", topic, exc)
+            self._drop(topic, exc.reason.value, exc.detail)
             return
         self._maybe_answer()
 
+    def _drop(self, topic: str, reason: str, detail: str) -> None:
+        """Count a dropped message; log the first of each reason (a flood must not flood the log)."""
+        self.rejected[reason] += 1
+        if self.rejected[reason] == 1:
+            log.warning("dropped a message on %s: %s: %s (further drops for this reason are only counted)",
+                        topic, reason, detail)
+
+    def _on_coordinator_status(self, status: CoordinatorStatus) -> None:
+        if self.announcement is not None and status.run_id != self.announcement.run_id and status.state != "online":
+            # A new run announces itself as online first; an old run's "finished" or "offline" must not stop us.
+            self._drop(self.topics.coordinator_status, "inconsistent", f"{status.state} status of run {status.run_id}")
+            return
+        self.coordinator = status
+
     def _on_announcement(self, ann: RoundAnnouncement, retained: bool) -> None:
+        current = self.announcement
+        if current is not None and ann.run_id == current.run_id and ann.round < current.round:
+            self._drop(self.topics.rounds_current, "stale", f"round {ann.round} after round {current.round}")
+            return
+        if time.time() > ann.issued_at + ann.deadline_s + EXPIRY_SLACK_S:
+            self._drop(self.topics.rounds_current, "expired", f"round {ann.round} ended at {ann.issued_at + ann.deadline_s:.0f}")
+            return
         if not self._seen_announcement:
             self._seen_announcement = True
             if retained and self.agent_id in ann.selected and self._answered != (ann.run_id, ann.round):
@@ -240,10 +279,10 @@ class EdgeAgent:
         if not payload:
             self.global_states.pop(round_number, None)
             return
-        received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS)
+        received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS, self._trust)
         if received is None:  # more chunks to come
             return
-        message, _ = received
+        message = received.message
         if message.round != round_number:
             log.warning("ignored a global state that does not match its topic")
             return
@@ -306,7 +345,7 @@ class EdgeAgent:
         self._maybe_answer()  # a round announced meanwhile
 
     def _send_update(self, update: Update) -> None:
-        payload = encode_message(update)
+        payload = self._sealed(encode_message(update))
         pieces = split_payload(payload, self.max_message_bytes)
         self._publish_pieces(self.topics.update(self.agent_id, update.round), pieces)
         session = self.coordinator.session if self.coordinator is not None else None
@@ -320,6 +359,9 @@ class EdgeAgent:
             log.warning("privacy budget spent (epsilon %.4g of %.4g): this agent stops training",
                         update.privacy.epsilon, update.privacy.budget_epsilon or 0.0)
             self._publish_status()
+
+    def _sealed(self, payload: bytes) -> bytes:
+        return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
 
     def _publish_pieces(self, topic: str, pieces: list[bytes]) -> None:
         """QoS 1: queued by paho while disconnected and sent (again) after the reconnect."""

@@ -16,6 +16,7 @@ from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.worker import LocalWorker
 from protocol.mqtt import Backoff
+from protocol.signing import SigningKey
 
 if TYPE_CHECKING:
     from edge_agent.privacy.trainer import PrivateTrainer
@@ -58,7 +59,9 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
     return EdgeAgent(agent_id, settings.federation, settings.broker_address(), profile, worker, state,
                      heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
                      exit_when_finished=settings.exit_when_finished, straggler=straggler,
-                     backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s))
+                     backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s),
+                     signing_key=SigningKey.load_or_create(settings.signing_key_path),
+                     coordinator_key=settings.pinned_coordinator_key())
 
 
 def _private_trainer(settings: AgentSettings, family: str, data: LocalData, state: AgentStateDir) -> PrivateTrainer | None:

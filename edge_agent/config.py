@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from edge_agent.stragglers import DelayModel, parse_delay
 from protocol.mqtt import BrokerAddress, check_tls_file
+from protocol.signing import PublicKey
 from protocol.topics import check_identifier
 
 
@@ -75,6 +76,10 @@ class AgentSettings(BaseSettings):
     dp_prototype_clip: float = Field(default=1.0, gt=0.0, description="embedding norm clip for prototypes")
 
     max_message_bytes: int = Field(default=0, ge=0, description="split updates above this size; 0 never")
+    coordinator_key: str | None = Field(default=None, description=(
+        "the coordinator's public key (ed25519:<base64>, or a file holding it): act only on what it signed"))
+    signing_key_file: Path | None = Field(default=None, description=(
+        "this agent's Ed25519 key from enrollment (created if missing); default STATE_DIR/agent_key.pem"))
     exit_when_finished: bool = False
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
@@ -87,6 +92,20 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _agent_id(cls, value: str | None) -> str | None:
         return None if value is None else check_identifier(value, "agent_id")
+
+    @field_validator("coordinator_key")
+    @classmethod
+    def _coordinator_key(cls, value: str | None) -> str | None:
+        if value is not None:
+            PublicKey.load(value)  # a clear error at start-up, naming the field
+        return value
+
+    def pinned_coordinator_key(self) -> PublicKey | None:
+        return None if self.coordinator_key is None else PublicKey.load(self.coordinator_key)
+
+    @property
+    def signing_key_path(self) -> Path:
+        return self.signing_key_file or Path(self.state_dir) / "agent_key.pem"
 
     @field_validator("broker_url")
     @classmethod

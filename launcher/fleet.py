@@ -204,17 +204,34 @@ class Fleet:
             "num_partitions": 1 if shared else len(s.agents),
             "partition_index": 0 if shared else agent.partition_index,
             "alpha": s.alpha, "data_seed": s.data_seed, "threads": s.threads, "exit_when_finished": True,
+            # the credentials `coordinator enroll` issues in start()
+            "signing_key_file": self.agent_dir(agent.name) / "agent_key.pem",
+            "coordinator_key": self.agent_dir(agent.name) / "coordinator.pub",
             **s.agent_settings, **agent.settings,
         }
         return [self.python, "-m", "edge_agent", "run", *as_flags(merged)]
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Fleet:
-        """Coordinator first, so its retained status and first round wait for agents as they come."""
+        """Enroll the agents, as an operator would; then the coordinator first, so its retained status
+        and first round wait for agents as they come."""
+        self.enroll()
         self.coordinator.start()
         for agent in self.agents.values():
             agent.start()
         return self
+
+    def enroll(self) -> None:
+        """``coordinator enroll`` every agent: its key and the coordinator's land in its state dir
+        (kept when already there, so restarts and a second start keep their identities)."""
+        argv = [self.python, "-m", "coordinator", "enroll", *self.agents, "--state-dir", str(self.coordinator_dir),
+                "--bundle-dir", str(self.run_dir / "agents")]
+        for name in ("enrolled_agents_file", "signing_key_file"):
+            if self.coordinator_settings.get(name):
+                argv += [f"--{name.replace('_', '-')}", str(self.coordinator_settings[name])]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"enrolling the fleet failed: {done.stdout}{done.stderr}"[-2000:])
 
     def __enter__(self) -> Fleet:
         return self.start()

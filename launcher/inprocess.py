@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from coordinator.config import CoordinatorSettings
 from coordinator.engine import RoundEngine
+from coordinator.enrollment import enroll
 from coordinator.rounds import RoundSummary
 from coordinator.service import CoordinatorService
 from coordinator.strategies.base import Strategy
@@ -23,6 +24,8 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion
 from edge_agent.bootstrap import build_agent
 from edge_agent.config import AgentSettings
+from edge_agent.state import AgentStateDir
+from protocol.signing import SigningKey
 
 
 @dataclass
@@ -46,6 +49,7 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
     configured with ``attack="alie"`` (benches only).
     """
     coordinator = coordinator.model_copy(update={"exit_when_finished": True, "http_port": 0})
+    agents = enroll_all(coordinator, agents)
     service = CoordinatorService(coordinator, registry=CollectorRegistry())
     if on_round_closed is not None:
         engine, record = service.engine, service.engine.on_round_closed
@@ -77,3 +81,16 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
                            f"(reached round {service.engine.next_round - 1})")
     return FederationResult(list(service.rounds_log.read()), service.engine.strategy, fleet, service,
                             time.perf_counter() - started)
+
+
+def enroll_all(coordinator: CoordinatorSettings, agents: list[AgentSettings]) -> list[AgentSettings]:
+    """Enroll every agent with the coordinator, as ``coordinator enroll`` does; the agents' settings
+    then pin the coordinator's key."""
+    coordinator_key = SigningKey.load_or_create(coordinator.signing_key_path).public_key
+    enrolled = []
+    for settings in agents:
+        agent_id = settings.agent_id or AgentStateDir(settings.state_dir).agent_id(settings.device)
+        key = SigningKey.load_or_create(settings.signing_key_path).public_key
+        enroll(coordinator.enrollment_path, agent_id, key)
+        enrolled.append(settings.model_copy(update={"agent_id": agent_id, "coordinator_key": coordinator_key.to_text()}))
+    return enrolled

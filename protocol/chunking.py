@@ -17,7 +17,8 @@ from typing import TypeVar
 from protocol.digest import digest_bytes
 from protocol.errors import ProtocolError, Reason
 from protocol.limits import DecodeLimits
-from protocol.messages import Chunk, Message
+from protocol.messages import Chunk, Message, Signed
+from protocol.trust import OPEN, Received, Trust, accept, decode_trusted
 from protocol.wire import decode_message, encode_message
 
 M = TypeVar("M", bound=Message)
@@ -58,26 +59,30 @@ class _Transfer:
 
 
 def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembler,
-            limits: DecodeLimits) -> tuple[M, int] | None:
-    """A message of kind ``expect`` that may come whole or in chunks: (message, its size in
-    bytes), or None while chunks of it are still missing. Raises only ProtocolError."""
-    message = decode_message(payload, (expect, Chunk), limits)
+            limits: DecodeLimits, trust: Trust = OPEN) -> Received[M] | None:
+    """A message of kind ``expect`` that may come whole or in chunks, signed or not (as ``trust``
+    allows), or None while chunks of it are still missing. Raises only ProtocolError."""
+    message = decode_message(payload, (expect, Signed, Chunk), limits)
     if isinstance(message, Chunk):
         whole = reassembler.add(source, message)
         if whole is None:
             return None
-        return decode_message(whole, expect, limits), len(whole)
-    assert isinstance(message, expect)
-    return message, len(payload)
+        return decode_trusted(whole, expect, limits, trust)
+    return accept(message, len(payload), expect, limits, trust)
 
 
 class Reassembler:
     """Collects chunks per (source, transfer id); bounded in transfers, bytes and age."""
 
     def __init__(self, max_transfers: int = 64, max_bytes: int = 512 * 1024 * 1024,
-                 timeout_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 timeout_s: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
+                 max_transfers_per_source: int = 2, max_bytes_per_source: int | None = None) -> None:
         self.max_transfers = max_transfers
         self.max_bytes = max_bytes
+        self.max_transfers_per_source = max_transfers_per_source
+        self.max_bytes_per_source = max_bytes if max_bytes_per_source is None else max_bytes_per_source
+        """Quotas per sender, so that made-up senders cannot take the slots and bytes honest ones need."""
+        self._per_source: dict[str, tuple[int, int]] = {}
         self.timeout_s = timeout_s
         self.clock = clock
         self._transfers: dict[tuple[str, str], _Transfer] = {}
@@ -93,23 +98,28 @@ class Reassembler:
         key = (source, chunk.transfer_id)
         transfer = self._transfers.get(key)
         if transfer is None:
-            if len(self._transfers) >= self.max_transfers:
-                raise ProtocolError(Reason.BAD_CHUNK, "too many transfers in flight")
-            if chunk.total_bytes > self.max_bytes:
+            count, held = self._per_source.get(source, (0, 0))
+            if len(self._transfers) >= self.max_transfers or count >= self.max_transfers_per_source:
+                raise ProtocolError(Reason.BAD_CHUNK, f"too many transfers in flight (from {source}: {count})")
+            if chunk.total_bytes > min(self.max_bytes, self.max_bytes_per_source):
                 raise ProtocolError(Reason.TOO_LARGE, f"transfer of {chunk.total_bytes} bytes")
             transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, self.clock())
             self._transfers[key] = transfer
+            self._account(source, 1, 0)
         elif (chunk.count, chunk.total_bytes, chunk.digest) != (transfer.count, transfer.total_bytes, transfer.digest):
             self._drop(key)
             raise ProtocolError(Reason.BAD_CHUNK, "chunk disagrees with its transfer's header")
         if chunk.index in transfer.pieces:
             return None  # a QoS 1 redelivery
-        if transfer.size + len(chunk.data) > transfer.total_bytes or self._held_bytes + len(chunk.data) > self.max_bytes:
+        held_by_source = self._per_source.get(source, (0, 0))[1]
+        if (transfer.size + len(chunk.data) > transfer.total_bytes or self._held_bytes + len(chunk.data) > self.max_bytes
+                or held_by_source + len(chunk.data) > self.max_bytes_per_source):
             self._drop(key)
-            raise ProtocolError(Reason.TOO_LARGE, "chunks exceed their declared size")
+            raise ProtocolError(Reason.TOO_LARGE, "chunks exceed their declared size or the sender's quota")
         transfer.pieces[chunk.index] = chunk.data
         transfer.size += len(chunk.data)
         self._held_bytes += len(chunk.data)
+        self._account(source, 0, len(chunk.data))
         if len(transfer.pieces) < transfer.count:
             return None
         self._drop(key)
@@ -125,6 +135,15 @@ class Reassembler:
     def _drop(self, key: tuple[str, str]) -> None:
         transfer = self._transfers.pop(key)
         self._held_bytes -= transfer.size
+        self._account(key[0], -1, -transfer.size)
+
+    def _account(self, source: str, transfers: int, size: int) -> None:
+        count, held = self._per_source.get(source, (0, 0))
+        count, held = count + transfers, held + size
+        if count <= 0:
+            self._per_source.pop(source, None)
+        else:
+            self._per_source[source] = (count, held)
 
     def _expire(self) -> None:
         cutoff = self.clock() - self.timeout_s

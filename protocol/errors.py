@@ -21,6 +21,12 @@ class Reason(str, Enum):
     BAD_TOPIC = "bad_topic"
     BAD_CHUNK = "bad_chunk"
     DIGEST_MISMATCH = "digest_mismatch"
+    UNSIGNED = "unsigned"
+    """A message that must be signed was not."""
+    UNKNOWN_SIGNER = "unknown_signer"
+    """Signed with a key the receiver does not trust (not the pinned coordinator, not an enrolled agent)."""
+    BAD_SIGNATURE = "bad_signature"
+    """The signature does not verify: forged, or changed on the way."""
 
 
 class ProtocolError(ValueError):

@@ -80,6 +80,8 @@ class AgentStatus(Message):
     """New on every agent process start, so the coordinator can tell restarts from reconnects."""
     reconnects: NonNegativeInt = 0
     """Broker reconnections of this agent process so far."""
+    rejected: NonNegativeInt = 0
+    """Messages this agent process dropped (unsigned, forged, inconsistent or malformed) so far."""
 
 
 class StateRef(WireModel):
@@ -247,7 +249,20 @@ def _check_prototypes(prototypes: np.ndarray | None, counts: np.ndarray | None) 
         raise PydanticCustomError("bad_shape", "prototype_counts must be non-negative integers, one per class")
 
 
+class Signed(Message):
+    """Another message's encoded bytes with its sender's Ed25519 signature (see protocol/signing.py).
+
+    Who sent a message is what the signature proves, never its topic: the receiver looks the
+    key up by ``key_id`` among the keys it trusts and verifies before it decodes ``payload``.
+    """
+
+    kind: Literal["signed"] = "signed"
+    key_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")]
+    payload: bytes
+    signature: Annotated[bytes, Field(min_length=64, max_length=64)]
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["kind"].default: cls
-    for cls in (CoordinatorStatus, AgentStatus, RoundAnnouncement, GlobalState, Update, Chunk)
+    for cls in (CoordinatorStatus, AgentStatus, RoundAnnouncement, GlobalState, Update, Chunk, Signed)
 }

@@ -19,8 +19,7 @@ from launcher.broker import free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, CoordinatorStatus, RoundAnnouncement
 from protocol.topics import Topics
-from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder
+from tests.integration.wire import WireRecorder, decode_wire
 
 DEADLINE_MARGIN_S = 5.0
 """How far past its deadline a round may close: the loop ticks at least every 0.5 s, the rest is a loaded CI box."""
@@ -60,7 +59,7 @@ class WireView:
 
     def announcements(self) -> list[Announced]:
         topic = self.topics.rounds_current
-        return [Announced(m.at, decode_message(m.payload, RoundAnnouncement), m.payload)
+        return [Announced(m.at, decode_wire(m.payload, RoundAnnouncement), m.payload)
                 for m in self.recorder.snapshot(lambda m: m.topic == topic and bool(m.payload))]
 
     def wait_announced(self, number: int, timeout_s: float) -> Announced:
@@ -83,11 +82,11 @@ class WireView:
 
     def coordinator_statuses(self) -> list[tuple[float, CoordinatorStatus]]:
         topic = self.topics.coordinator_status
-        return [(m.at, decode_message(m.payload, CoordinatorStatus))
+        return [(m.at, decode_wire(m.payload, CoordinatorStatus))
                 for m in self.recorder.snapshot(lambda m: m.topic == topic and bool(m.payload))]
 
     def agent_statuses(self) -> list[tuple[float, AgentStatus]]:
-        return [(m.at, decode_message(m.payload, AgentStatus))
+        return [(m.at, decode_wire(m.payload, AgentStatus))
                 for m in self.recorder.snapshot(lambda m: m.topic.endswith("/status") and "/agents/" in m.topic
                                                 and bool(m.payload))]
 

@@ -16,12 +16,12 @@ import pytest
 from launcher.broker import MosquittoBroker
 from launcher.fleet import default_fleet
 from protocol.messages import CoordinatorStatus, RoundAnnouncement
-from protocol.wire import decode_message
 from tests.integration.chaos import CHEAP_DEVICES, WireView, round_figures, small_fleet, write_figures
 from tests.integration.wire import (
     WireRecorder,
     assert_agents_exit_cleanly,
     assert_all_completed,
+    decode_wire,
     metric,
     metric_total,
     retained_messages,
@@ -97,7 +97,7 @@ def test_broker_restart_mid_round(tmp_path: Path, persistence: bool) -> None:
 
     # The retained state a late joiner would find is the run's end, whatever the broker lost.
     topics = wire.topics
-    assert decode_message(retained[topics.coordinator_status], CoordinatorStatus).state == "finished"
-    assert decode_message(retained[topics.rounds_current], RoundAnnouncement).round == ROUNDS + 1
+    assert decode_wire(retained[topics.coordinator_status], CoordinatorStatus).state == "finished"
+    assert decode_wire(retained[topics.rounds_current], RoundAnnouncement).round == ROUNDS + 1
     assert sorted(t for t in retained if "/global/" in t) == sorted(
         topics.global_state(f, ROUNDS + 1) for f in ("mlp_tiny", "cnn_small"))

@@ -19,10 +19,9 @@ import yaml
 
 from launcher.broker import free_port, wait_for_port
 from protocol.messages import CoordinatorStatus
-from protocol.wire import decode_message
 from tests.chart import FULLNAME, render
 from tests.integration.pod import LocalPod
-from tests.integration.wire import WireRecorder, wait_until
+from tests.integration.wire import WireRecorder, decode_wire, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +87,7 @@ def test_rendered_broker_and_coordinator_start_and_answer_their_probes(tmp_path:
             wait_until(lambda: bool(watcher.snapshot()), 20, "the coordinator's retained status")
         finally:
             watcher.stop()
-        status = decode_message(watcher.snapshot()[0].payload, CoordinatorStatus)
+        status = decode_wire(watcher.snapshot()[0].payload, CoordinatorStatus)
         assert (status.federation, status.state) == ("chart-local", "online")
 
         # The checkpoint lands on the PVC's volume.

@@ -23,6 +23,7 @@ from tests.integration.wire import (
     WireRecorder,
     assert_agents_exit_cleanly,
     assert_all_completed,
+    decode_wire,
     wait_for_rounds,
 )
 
@@ -78,11 +79,11 @@ def test_large_states_and_updates_cross_a_capped_broker_in_chunks(tmp_path: Path
     assert reassembler.in_flight == 0, "a chunked transfer never completed"
     assert chunked == {("global_state", "cnn_large"), ("update", "jetson-0"), ("update", "jetson-1")}
 
-    states = [decode_message(payload, GlobalState) for topic, payload in whole if "/global/" in topic]
+    states = [decode_wire(payload, GlobalState) for topic, payload in whole if "/global/" in topic]
     # Round 1 bootstraps every family from its agents; global states follow each aggregation.
     assert {(s.family, s.round) for s in states} == {(f, n) for f in ("cnn_large", "cnn_small")
                                                      for n in range(2, ROUNDS + 2)}
-    updates = [decode_message(payload, Update) for topic, payload in whole if "/updates/" in topic]
+    updates = [decode_wire(payload, Update) for topic, payload in whole if "/updates/" in topic]
     trained = {(u.agent_id, u.round) for u in updates if u.task == "train"}
     assert trained == {(a.name, n) for a in AGENTS for n in range(1, ROUNDS + 1)}
     for update in updates:

@@ -17,8 +17,13 @@ from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, Update
 from protocol.topics import Topics
-from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, assert_agents_exit_cleanly, assert_all_completed, wait_for_rounds
+from tests.integration.wire import (
+    WireRecorder,
+    assert_agents_exit_cleanly,
+    assert_all_completed,
+    decode_wire,
+    wait_for_rounds,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,9 +53,9 @@ def test_fedproto_fleet_publishes_only_prototypes(tmp_path: Path, mosquitto: Mos
     assert {parsed.kind for parsed, _ in from_agents} == {"agent_status", "update"}
     for parsed, message in from_agents:
         if parsed.kind == "agent_status":
-            assert decode_message(message.payload, AgentStatus).agent_id == parsed.agent_id
+            assert decode_wire(message.payload, AgentStatus).agent_id == parsed.agent_id
 
-    updates = [decode_message(m.payload, Update) for parsed, m in from_agents if parsed.kind == "update"]
+    updates = [decode_wire(m.payload, Update) for parsed, m in from_agents if parsed.kind == "update"]
     assert len(updates) == len(agents) * (ROUNDS + 1)
     assert {u.family for u in updates} == {"cnn_large", "cnn_small", "mlp_tiny"}
     for update in updates:
@@ -71,14 +76,14 @@ def test_fedproto_fleet_publishes_only_prototypes(tmp_path: Path, mosquitto: Mos
     assert max(upload) <= CLASSES * EMBED_DIM * 4 + 2048, upload
 
     # One set of global prototypes per round, published under every family's topic, no weights.
-    states = [decode_message(m.payload, GlobalState) for parsed, m in seen
+    states = [decode_wire(m.payload, GlobalState) for parsed, m in seen
               if parsed.kind == "global_state" and m.payload]
     by_round: dict[int, set[str]] = {}
     for state in states:
         assert not state.weights and state.prototypes is not None
         by_round.setdefault(state.round, set()).add(state.digest)
     assert sorted(by_round) == list(range(2, ROUNDS + 2)) and all(len(d) == 1 for d in by_round.values())
-    announcements = [decode_message(m.payload, RoundAnnouncement) for parsed, m in seen
+    announcements = [decode_wire(m.payload, RoundAnnouncement) for parsed, m in seen
                      if parsed.kind == "round" and m.payload]
     lambdas = {a.round: a.params["lambda"] for a in announcements if a.task == "train"}  # republished: same
     assert lambdas == {1: 0.0, 2: 1.0, 3: 1.0}  # warm-up over one round

@@ -12,8 +12,15 @@ from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, CoordinatorStatus, RoundAnnouncement, Update
 from protocol.topics import Topics
-from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, assert_all_completed, metric, scrape, wait_for_rounds, wait_until
+from tests.integration.wire import (
+    WireRecorder,
+    assert_all_completed,
+    decode_wire,
+    metric,
+    scrape,
+    wait_for_rounds,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,7 +40,7 @@ def since(recorder: WireRecorder, started: float, kind: str, agent_id: str | Non
     for seen in recorder.snapshot(lambda s: s.at >= started and bool(s.payload)):
         parsed = TOPICS.parse(seen.topic)
         if parsed.kind == kind and (agent_id is None or parsed.agent_id == agent_id):
-            out.append(decode_message(seen.payload, model))
+            out.append(decode_wire(seen.payload, model))
     return out
 
 

@@ -16,8 +16,7 @@ from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import GlobalState, RoundAnnouncement, Update
 from protocol.topics import Topics
-from protocol.wire import decode_message
-from tests.integration.wire import WireRecorder, assert_all_completed, wait_for_rounds
+from tests.integration.wire import WireRecorder, assert_all_completed, decode_wire, wait_for_rounds
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,14 +37,14 @@ def test_scaffold_fleet_updates_the_server_variate_from_what_agents_sent(
 
     topics = Topics(FEDERATION)
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]
-    announcements = {a.round: a for a in (decode_message(m.payload, RoundAnnouncement) for p, m in seen
+    announcements = {a.round: a for a in (decode_wire(m.payload, RoundAnnouncement) for p, m in seen
                                           if p.kind == "round" and m.payload)}
-    states = {s.round: s for s in (decode_message(m.payload, GlobalState) for p, m in seen
+    states = {s.round: s for s in (decode_wire(m.payload, GlobalState) for p, m in seen
                                    if p.kind == "global_state" and m.payload)}
     updates: dict[int, list[Update]] = {}
     for parsed, message in seen:
         if parsed.kind == "update":
-            update = decode_message(message.payload, Update)
+            update = decode_wire(message.payload, Update)
             updates.setdefault(update.round, []).append(update)
 
     control: dict[str, np.ndarray] | None = None

@@ -18,9 +18,16 @@ import pytest
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec
 from protocol.messages import GlobalState
-from protocol.wire import decode_message
 from tests.integration.chaos import DEADLINE_MARGIN_S, WireView, round_figures, small_fleet, write_figures
-from tests.integration.wire import WireRecorder, assert_all_completed, metric, scrape, wait_for_rounds, wait_until
+from tests.integration.wire import (
+    WireRecorder,
+    assert_all_completed,
+    decode_wire,
+    metric,
+    scrape,
+    wait_for_rounds,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -74,7 +81,7 @@ def test_agents_slower_than_the_deadline_are_left_out_and_counted(tmp_path: Path
     assert {a for a, _ in late} == {"phone-slow", "rpi-slow"} and all(at > closed_1 for _, at in late)
 
     # Round 1 still aggregated the others: both families got a round-2 global state.
-    states = [decode_message(m.payload, GlobalState) for m in recorder.snapshot(
+    states = [decode_wire(m.payload, GlobalState) for m in recorder.snapshot(
         lambda m: "/global/" in m.topic and bool(m.payload))]
     assert {(s.family, s.round) for s in states} >= {("mlp_tiny", 2), ("cnn_small", 2)}
 

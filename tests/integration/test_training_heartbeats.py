@@ -31,8 +31,8 @@ from launcher.broker import MosquittoBroker
 from protocol.messages import AgentStatus, GlobalState, PrivacySpent, RoundAnnouncement, Update
 from protocol.mqtt import Backoff, BrokerAddress
 from protocol.topics import Topics
-from protocol.wire import decode_message, encode_message
-from tests.integration.wire import WireRecorder, read_rounds, wait_until
+from protocol.wire import encode_message
+from tests.integration.wire import WireRecorder, decode_wire, read_rounds, wait_until
 from tests.unit.edge_agent.rounds import AGENT, announce, digits_subset
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ class GatedWorker(LocalWorker):
 
 def heartbeats(recorder: WireRecorder) -> int:
     return len(recorder.snapshot(lambda m: m.topic == TOPICS.agent_status(AGENT) and m.payload != b""
-                                 and decode_message(m.payload, AgentStatus).state == "online"))
+                                 and decode_wire(m.payload, AgentStatus).state == "online"))
 
 
 def updates(recorder: WireRecorder) -> list[int]:
@@ -207,7 +207,7 @@ def test_the_agent_listens_while_training_and_stops_without_waiting_for_it(
         stop.set()  # while round 2 trains, held at its gate: the agent stops without waiting for it
         agent_thread.join(WAIT_S)
         assert not agent_thread.is_alive(), "the agent waited for the training to end"
-        wait_until(lambda: any(decode_message(m.payload, AgentStatus).state == "offline" for m in recorder.snapshot(
+        wait_until(lambda: any(decode_wire(m.payload, AgentStatus).state == "offline" for m in recorder.snapshot(
             lambda m: m.topic == TOPICS.agent_status(AGENT) and m.payload != b"")), WAIT_S, "the offline status")
         assert worker.trained == [1]
         assert AgentStateDir(tmp_path / "agent").read_json("progress") == {"run_id": "run-1", "round": 1}

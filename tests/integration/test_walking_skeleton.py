@@ -10,14 +10,16 @@ from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import CoordinatorStatus, GlobalState, RoundAnnouncement, Update
 from protocol.topics import Topics
-from protocol.wire import decode_message
 from tests.integration.wire import (
     WireRecorder,
     assert_agents_exit_cleanly,
     assert_all_completed,
+    decode_wire,
+    fleet_keys,
     metric,
     retained_messages,
     scrape,
+    signer_of,
     wait_for_rounds,
 )
 
@@ -44,11 +46,19 @@ def test_three_rounds_over_the_wire(tmp_path: Path, mosquitto: MosquittoBroker, 
     topics = Topics(FEDERATION)
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]
 
+    # Everything on the wire is signed: the coordinator's messages with its key, each agent's with its own.
+    keys = fleet_keys(fleet)
+    for parsed, message in seen:
+        if message.payload and parsed.kind in ("coordinator_status", "round", "global_state"):
+            assert signer_of(message.payload, keys) == "coordinator", message.topic
+        elif message.payload:
+            assert signer_of(message.payload, keys) == parsed.agent_id, message.topic
+
     # Every update on the wire decodes, matches its topic, and carries what its round asked for.
     updates = [(parsed, m) for parsed, m in seen if parsed.kind == "update"]
     assert len(updates) == len(agents) * (ROUNDS + 1)
     for parsed, message in updates:
-        update = decode_message(message.payload, Update)
+        update = decode_wire(message.payload, Update)
         assert (update.agent_id, update.round) == (parsed.agent_id, parsed.round)
         if update.round == 1:
             assert update.weights and not update.delta  # every family bootstraps in round 1
@@ -58,15 +68,15 @@ def test_three_rounds_over_the_wire(tmp_path: Path, mosquitto: MosquittoBroker, 
             assert update.task == "evaluate" and not update.delta and not update.weights
 
     # Global states: one family per device class, each decodes with a valid digest.
-    states = [decode_message(m.payload, GlobalState) for parsed, m in seen
+    states = [decode_wire(m.payload, GlobalState) for parsed, m in seen
               if parsed.kind == "global_state" and m.payload]
     assert {s.family for s in states} == {"cnn_large", "cnn_small", "mlp_tiny"}
 
     # Retained state a late joiner would get.
     retained = retained_messages(mosquitto.url, f"fl/{FEDERATION}/#")
-    announcement = decode_message(retained[topics.rounds_current], RoundAnnouncement)
+    announcement = decode_wire(retained[topics.rounds_current], RoundAnnouncement)
     assert (announcement.round, announcement.task) == (ROUNDS + 1, "evaluate")
-    status = decode_message(retained[topics.coordinator_status], CoordinatorStatus)
+    status = decode_wire(retained[topics.coordinator_status], CoordinatorStatus)
     assert status.state == "finished"
     assert sorted(t for t in retained if "/global/" in t) == sorted(
         topics.global_state(s.family, ROUNDS + 1) for s in states if s.round == ROUNDS + 1)

@@ -10,14 +10,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.enrollment import read_enrollment
 from launcher.fleet import Fleet
+from protocol.limits import DEFAULT_LIMITS
+from protocol.messages import Message, Signed
 from protocol.mqtt import BrokerAddress
+from protocol.signing import KeyLookup, PublicKey, SigningKey, unseal
+from protocol.trust import OPEN, decode_trusted
+from protocol.wire import decode_message
+
+M = TypeVar("M", bound=Message)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 """Prometheus samples: (name, labels) -> value."""
@@ -155,3 +163,26 @@ def assert_agents_exit_cleanly(fleet: Fleet, timeout_s: float) -> None:
     """Every agent exits with 0, each within ``timeout_s`` (they exit once the run is finished)."""
     for name, process in fleet.agents.items():
         assert process.wait(timeout_s) == 0, f"{name} did not exit cleanly:\n{process.log_tail()}"
+
+
+def decode_wire(payload: bytes, expect: type[M]) -> M:
+    """A message as seen on the wire, out of its signed envelope if it has one (not verified here:
+    see ``signer_of``)."""
+    return decode_trusted(payload, expect, DEFAULT_LIMITS, OPEN).message
+
+
+def fleet_keys(fleet: Fleet) -> KeyLookup:
+    """The keys a fleet's messages must be signed with: the coordinator's and every enrolled agent's."""
+    keys: dict[str, tuple[str, PublicKey]] = {}
+    coordinator = SigningKey.load(fleet.coordinator_dir / "coordinator_key.pem").public_key
+    keys[coordinator.key_id] = ("coordinator", coordinator)
+    for agent in read_enrollment(fleet.coordinator_dir / "enrolled.json").values():
+        keys[agent.key.key_id] = (agent.agent_id, agent.key)
+    return keys.get
+
+
+def signer_of(payload: bytes, keys: KeyLookup) -> str:
+    """Who signed a message seen on the wire; fails unless it is signed and the signature verifies."""
+    envelope = decode_message(payload, Signed)
+    signer, _ = unseal(envelope, keys)
+    return signer

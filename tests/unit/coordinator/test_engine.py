@@ -43,7 +43,7 @@ class Outbox:
 
 def make_engine(tmp_path: Path, clock: Clock, **overrides: object) -> tuple[RoundEngine, Outbox, CoordinatorMetrics]:
     fields: dict[str, object] = {"federation": "t", "state_dir": tmp_path / "state", "rounds": 3,
-                                 "min_available_agents": 2, "min_fit_agents": 2, "round_deadline_s": 10.0,
+                                 "min_available_agents": 2, "min_fit_agents": 2, "round_deadline_s": 10.0, "enrollment": "open",
                                  "quorum_fraction": 0.5, **overrides}
     settings = CoordinatorSettings(**fields)
     metrics = CoordinatorMetrics(CollectorRegistry())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -64,7 +65,7 @@ def make_agent(tmp_path: Path, straggler: DelayModel = OFF) -> tuple[EdgeAgent, 
 def announce(agent: EdgeAgent, number: int, *, retained: bool = False, selected: tuple[str, ...] = ("me", "x")) -> None:
     ann = RoundAnnouncement(run_id=RUN, round=number, task="train", algorithm="fedavg",
                             training=LocalTraining(epochs=1, learning_rate=0.1), selected=list(selected),
-                            init_seed=0, issued_at=0.0, deadline_s=10.0, last_round=5)
+                            init_seed=0, issued_at=time.time(), deadline_s=10.0, last_round=5)
     agent._on_message(TOPICS.rounds_current, encode_message(ann), retained)
 
 

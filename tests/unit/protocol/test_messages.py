@@ -16,6 +16,7 @@ from protocol.messages import (
     GlobalState,
     Message,
     RoundAnnouncement,
+    Signed,
     Update,
 )
 from protocol.wire import decode_message, encode_message
@@ -28,6 +29,7 @@ from .wire_strategies import (
     global_states,
     round_announcements,
     sample_update,
+    signed,
     updates,
 )
 
@@ -40,6 +42,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     GlobalState: global_states(),
     Update: updates(),
     Chunk: chunks(),
+    Signed: signed(),
 }
 
 

@@ -22,6 +22,7 @@ from protocol.messages import (
     Message,
     PrivacySpent,
     RoundAnnouncement,
+    Signed,
     StateRef,
     TrainMetrics,
     Update,
@@ -325,6 +326,12 @@ def chunks(draw: st.DrawFn) -> Chunk:
         digest=draw(digests),
         data=draw(st.binary(max_size=64)),
     )
+
+
+@st.composite
+def signed(draw: st.DrawFn) -> Signed:
+    return Signed(key_id=draw(st.from_regex(r"[0-9a-f]{16}", fullmatch=True)), payload=draw(st.binary(max_size=256)),
+                  signature=draw(st.binary(min_size=64, max_size=64)))
 
 
 def sample_update(**overrides: Any) -> Update:
