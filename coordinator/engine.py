@@ -84,7 +84,7 @@ class RoundEngine:
         self.closing: tuple[Closure, Future[Closure]] | None = None
         self.signing_key = signing_key
         """Signs every status, announcement and global state published (None: unsigned, engine unit tests)."""
-        self.enrollment = Enrollment(settings.enrollment_path) if settings.enrollment == "required" else None
+        self.enrollment = Enrollment(settings.enrollment_path, clock) if settings.enrollment == "required" else None
         if self.enrollment is None:
             log.warning("enrollment is open: any client that reaches the broker can join and send updates "
                         "(for experiments only; enroll agents with 'coordinator enroll' and drop --enrollment open)")

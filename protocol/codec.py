@@ -23,6 +23,10 @@ from protocol.reader import read_message
 __all__ = ["EXT_NDARRAY", "decode", "encode"]
 
 
+_COPY_BELOW = 64 * 1024
+"""Blobs smaller than this are packed by msgpack itself (one copy either way)."""
+
+
 class _Encoder:
     """Collects the message's parts, tracking the offset so array data lands aligned."""
 
@@ -50,6 +54,13 @@ class _Encoder:
             self.add(self.packer.pack_array_header(len(obj)))
             for item in obj:
                 self.value(item)
+        elif isinstance(obj, (bytes, bytearray, memoryview)) and len(obj) > _COPY_BELOW:
+            # A large blob (a signed envelope's payload): header here, data joined once at the end,
+            # instead of being copied into msgpack's growing buffer first.
+            size = memoryview(obj).nbytes
+            self.add(bytes([0xC4, size]) if size < 2**8 else
+                     b"\xc5" + size.to_bytes(2, "big") if size < 2**16 else b"\xc6" + size.to_bytes(4, "big"))
+            self.add(obj)
         elif isinstance(obj, np.generic):
             self.add(self.packer.pack(obj.item()))
         else:

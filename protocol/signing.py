@@ -7,8 +7,9 @@ coordinator knows their public keys. A signed message travels as a ``Signed`` en
 (``protocol/messages.py``) around the inner message's bytes; chunking, when a broker caps
 message size, splits the envelope, so the signature covers the payload whole.
 
-Signatures cover ``DOMAIN + payload``: a signature made for this protocol cannot be
-replayed as one for anything else. Replays *within* the protocol (an old round's update,
+Signatures cover ``DOMAIN + SHA-256(payload)``: hashing first (one pass, hardware-accelerated)
+costs a fraction of Ed25519's own two SHA-512 passes over a multi-MB update, and the domain
+tag means a signature made for this protocol cannot be replayed as one for anything else. Replays *within* the protocol (an old round's update,
 another run's announcement) are stopped by the receivers' checks of run, round, agent and
 expiry, which the signature makes trustworthy.
 """
@@ -75,7 +76,7 @@ class PublicKey:
     def verify(self, data: bytes | memoryview, signature: bytes) -> None:
         """Raise ProtocolError(bad_signature) unless ``signature`` is this key's over ``data``."""
         try:
-            Ed25519PublicKey.from_public_bytes(self.raw).verify(signature, DOMAIN + bytes(data))
+            Ed25519PublicKey.from_public_bytes(self.raw).verify(signature, _signed_bytes(data))
         except InvalidSignature:
             raise ProtocolError(Reason.BAD_SIGNATURE, f"signature does not verify with key {self.key_id}") from None
 
@@ -118,11 +119,16 @@ class SigningKey:
         path.chmod(0o600)
 
     def sign(self, data: bytes | memoryview) -> bytes:
-        return self._private.sign(DOMAIN + bytes(data))
+        return self._private.sign(_signed_bytes(data))
 
     def seal(self, payload: bytes) -> Signed:
         """``payload`` (an encoded message) in a signed envelope."""
-        return Signed(key_id=self.public_key.key_id, payload=payload, signature=self.sign(payload))
+        # Built here, from values that are valid by construction: validating would copy the payload again.
+        return Signed.model_construct(key_id=self.public_key.key_id, payload=payload, signature=self.sign(payload))
+
+
+def _signed_bytes(data: bytes | memoryview) -> bytes:
+    return DOMAIN + hashlib.sha256(data).digest()
 
 
 KeyLookup = Callable[[str], "tuple[str, PublicKey] | None"]

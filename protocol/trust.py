@@ -57,6 +57,6 @@ def accept(message: Message, size: int, expect: type[M], limits: DecodeLimits, t
         signer, inner = unseal(message, trust.lookup)
         return Received(decode_message(inner, expect, limits), size, signer)
     if trust.required:
-        raise ProtocolError(Reason.UNSIGNED, f"an unsigned {message.model_fields['kind'].default} message")
+        raise ProtocolError(Reason.UNSIGNED, f"an unsigned {type(message).model_fields['kind'].default} message")
     assert isinstance(message, expect)
     return Received(message, size, None)

@@ -1,0 +1,76 @@
+"""Only enrolled agents, by their signatures; bounded weights and update sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.enrollment import enroll
+from coordinator.rounds import RoundSummary
+from protocol.messages import AgentStatus
+from protocol.signing import SigningKey
+from protocol.wire import encode_message
+from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine, update, weights
+
+KEYS = {name: SigningKey.generate() for name in ("a", "b", "c", "mallory")}
+
+
+def signed_status(agent_id: str, key: SigningKey) -> bytes:
+    status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family="f", num_samples=10,
+                         num_eval_samples=2, version="t", timestamp=0.0)
+    return encode_message(key.seal(encode_message(status)))
+
+
+def rejected(metrics: object, kind: str, reason: str) -> float:
+    return metrics.registry.get_sample_value("fl_messages_rejected_total",  # type: ignore[attr-defined]
+                                             {"kind": kind, "reason": reason})
+
+
+def test_only_enrolled_agents_by_their_own_keys_enter_the_registry(tmp_path: Path) -> None:
+    clock = Clock()
+    enrolled = tmp_path / "state" / "enrolled.json"
+    enroll(enrolled, "a", KEYS["a"].public_key)
+    engine, _, metrics = make_engine(tmp_path, clock, enrollment="required")
+    engine.on_message(TOPICS.agent_status("a"), signed_status("a", KEYS["a"]))
+    engine.on_message(TOPICS.agent_status("b"), signed_status("b", KEYS["b"]))  # not enrolled yet
+    engine.on_message(TOPICS.agent_status("a"), signed_status("a", KEYS["mallory"]))
+    engine.on_message(TOPICS.agent_status("x"), encode_message(AgentStatus(
+        agent_id="x", state="online", device="rpi", family="f", num_samples=1, num_eval_samples=1, version="t",
+        timestamp=0.0)))
+    engine.on_message(TOPICS.agent_status("b"), signed_status("a", KEYS["a"]))  # a's status replayed as b's
+    assert engine.registry.get("a") is not None and engine.registry.get("b") is None
+    assert rejected(metrics, "agent_status", "unknown_signer") == 2
+    assert rejected(metrics, "agent_status", "unsigned") == 1
+    assert rejected(metrics, "agent_status", "topic_mismatch") == 1
+
+    enroll(enrolled, "b", KEYS["b"].public_key)  # enrolled while the coordinator runs: no restart
+    clock.now += 2
+    engine.on_message(TOPICS.agent_status("b"), signed_status("b", KEYS["b"]))
+    assert engine.registry.get("b") is not None
+
+
+def test_claimed_weights_are_capped_and_outsized_deltas_rejected(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, _, metrics = make_engine(tmp_path, clock, max_samples_per_update=100, max_norm_ratio=5.0,
+                                     min_available_agents=3, min_fit_agents=3)
+    closed: list[RoundSummary] = []
+    engine.on_round_closed = closed.append
+    from tests.unit.coordinator.test_engine import hello, send
+
+    for agent_id in ("a", "b", "c"):
+        hello(engine, agent_id)
+    for number in (1, 2):
+        engine.tick()
+        for agent_id in ("a", "b", "c"):
+            send(engine, update(engine, agent_id, number))
+        engine.tick()
+    assert [s.outcome for s in closed] == ["completed", "completed"]  # round 2's deltas set the reference norm
+    engine.tick()
+    send(engine, update(engine, "a", 3, samples=10**9))
+    send(engine, update(engine, "b", 3, delta={k: v * 1e6 for k, v in weights(0.5).items()}))
+    send(engine, update(engine, "c", 3))
+    assert rejected(metrics, "update", "too_many_samples") == 1
+    assert rejected(metrics, "update", "norm_outlier") == 1
+    assert list(engine.open.updates) == ["c"]  # type: ignore[union-attr]
+    assert np.isfinite(engine.strategy.states["f"].weights["w"]).all()

@@ -1,0 +1,93 @@
+"""Signed envelopes: what verifies, what does not, and what each receiver accepts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from protocol.chunking import Reassembler, receive, split_payload
+from protocol.errors import ProtocolError
+from protocol.limits import DEFAULT_LIMITS
+from protocol.signing import PublicKey, SigningKey, single_key
+from protocol.trust import OPEN, Trust, decode_trusted
+from protocol.wire import encode_message
+from tests.unit.protocol.wire_strategies import assert_same_message, sample_update
+
+COORDINATOR = SigningKey.generate()
+TRUSTED = Trust(single_key("coordinator", COORDINATOR.public_key), required=True)
+
+
+def sealed(key: SigningKey, payload: bytes) -> bytes:
+    return encode_message(key.seal(payload))
+
+
+def test_a_signed_message_verifies_and_names_its_signer() -> None:
+    plain = encode_message(sample_update())
+    received = decode_trusted(sealed(COORDINATOR, plain), type(sample_update()), DEFAULT_LIMITS, TRUSTED)
+    assert received.signer == "coordinator"
+    assert_same_message(received.message, sample_update())
+    assert sealed(COORDINATOR, plain) == sealed(COORDINATOR, plain), "Ed25519 is deterministic: re-announcing repeats"
+
+
+@pytest.mark.parametrize("case, reason", [("unsigned", "unsigned"), ("other key", "unknown_signer"),
+                                          ("tampered", "bad_signature"), ("key id swapped", "bad_signature")])
+def test_what_a_receiver_with_a_pinned_key_refuses(case: str, reason: str) -> None:
+    plain = encode_message(sample_update())
+    if case == "unsigned":
+        payload = plain
+    elif case == "other key":
+        payload = sealed(SigningKey.generate(), plain)
+    elif case == "tampered":
+        envelope = COORDINATOR.seal(plain)
+        payload = encode_message(envelope.model_copy(update={"payload": plain.replace(b"agent-0", b"agent-9")}))
+    else:  # another key's signature under the trusted key's id
+        envelope = SigningKey.generate().seal(plain)
+        payload = encode_message(envelope.model_copy(update={"key_id": COORDINATOR.public_key.key_id}))
+    with pytest.raises(ProtocolError) as failed:
+        decode_trusted(payload, type(sample_update()), DEFAULT_LIMITS, TRUSTED)
+    assert failed.value.reason.value == reason
+
+
+def test_an_open_receiver_unwraps_without_verifying() -> None:
+    plain = encode_message(sample_update())
+    assert decode_trusted(sealed(SigningKey.generate(), plain), type(sample_update()), DEFAULT_LIMITS, OPEN).signer is None
+    assert_same_message(decode_trusted(plain, type(sample_update()), DEFAULT_LIMITS, OPEN).message, sample_update())
+    with pytest.raises(ValueError):
+        Trust(required=True)
+
+
+def test_chunks_carry_the_signed_envelope_whole() -> None:
+    payload = sealed(COORDINATOR, encode_message(sample_update()))
+    pieces = split_payload(payload, 512)
+    assert len(pieces) > 1
+    reassembler = Reassembler()
+    results = [receive(p, "coordinator", type(sample_update()), reassembler, DEFAULT_LIMITS, TRUSTED) for p in pieces]
+    assert results[:-1] == [None] * (len(pieces) - 1)
+    assert results[-1] is not None and results[-1].signer == "coordinator" and results[-1].size == len(payload)
+
+
+def test_keys_round_trip_through_files_and_text(tmp_path: Path) -> None:
+    key = SigningKey.load_or_create(tmp_path / "k.pem")
+    assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
+    assert SigningKey.load_or_create(tmp_path / "k.pem").public_key == key.public_key
+    (tmp_path / "k.pub").write_text(key.public_key.to_text() + "\n")
+    assert PublicKey.load(tmp_path / "k.pub") == PublicKey.load(key.public_key.to_text()) == key.public_key
+    with pytest.raises(ValueError, match="ed25519"):
+        PublicKey.load("not-a-key")
+
+
+def test_one_sender_cannot_take_every_reassembly_slot() -> None:
+    reassembler = Reassembler(max_transfers=8, max_transfers_per_source=2, max_bytes_per_source=4096)
+    first = [split_payload(bytes(2000) + bytes([i]), 600)[0] for i in range(3)]
+    from protocol.messages import Chunk
+    from protocol.wire import decode_message
+
+    chunks = [decode_message(p, Chunk) for p in first]
+    assert reassembler.add("mallory", chunks[0]) is None and reassembler.add("mallory", chunks[1]) is None
+    with pytest.raises(ProtocolError, match="too many transfers"):
+        reassembler.add("mallory", chunks[2])
+    assert reassembler.add("honest", chunks[2]) is None  # another sender still has room
+    with pytest.raises(ProtocolError) as failed:
+        reassembler.add("big", decode_message(split_payload(bytes(9000), 600)[0], Chunk))
+    assert failed.value.reason.value == "too_large"
