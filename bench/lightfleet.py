@@ -34,10 +34,11 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from protocol.chunking import Reassembler, receive
 from protocol.errors import ProtocolError
-from protocol.limits import DecodeLimits
+from protocol.limits import DEFAULT_LIMITS, DecodeLimits
 from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.mqtt import BrokerAddress
 from protocol.topics import Topics
+from protocol.trust import OPEN, decode_trusted
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
 
@@ -253,9 +254,9 @@ class LightFleet:
     def _on_message(self, topic: str, payload: bytes) -> None:
         parsed = self.topics.parse(topic)
         if parsed.kind == "coordinator_status" and payload:
-            self.coordinator = decode_message(payload, CoordinatorStatus)
+            self.coordinator = decode_trusted(payload, CoordinatorStatus, DEFAULT_LIMITS, OPEN).message
         elif parsed.kind == "round" and payload:
-            self._announcement = decode_message(payload, RoundAnnouncement)
+            self._announcement = decode_trusted(payload, RoundAnnouncement, DEFAULT_LIMITS, OPEN).message
         elif parsed.kind == "global_state" and parsed.family == self.family and parsed.round is not None:
             if not payload:
                 self._states.pop(parsed.round, None)
@@ -263,7 +264,7 @@ class LightFleet:
             received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS)
             if received is None:
                 return
-            self._states[parsed.round] = received[0]
+            self._states[parsed.round] = received.message
             for stale in sorted(self._states)[:-2]:
                 del self._states[stale]
         self._maybe_answer()

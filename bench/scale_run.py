@@ -149,7 +149,10 @@ def start_coordinator(run_dir: Path, url: str, rounds: int, settings: dict[str, 
     state_dir = run_dir / "coordinator"
     merged = {"federation": "scale", "broker_url": url, "state_dir": state_dir, "http_host": "127.0.0.1",
               "http_port": 0, "rounds": rounds, "fraction_fit": 1.0, "agent_timeout_s": 3600.0,
-              "evaluate_final": False, "exit_when_finished": False, **settings}
+              "evaluate_final": False, "exit_when_finished": False,
+              # The light agents do not sign (signing 10,000 updates a round would load the cores the
+              # coordinator is measured on); bench/signing.py measures what signatures cost.
+              "enrollment": "open", **settings}
     argv = [sys.executable, "-m", "coordinator", "run", *as_flags(merged)]
     process = ManagedProcess("coordinator", argv, state_dir / "coordinator.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
     return process.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,6 @@ def announce(algorithm: str, round_number: int, state: GlobalState | None = None
     return RoundAnnouncement(
         run_id=run_id, round=round_number, task=task, algorithm=algorithm,  # type: ignore[arg-type]
         training=LocalTraining(epochs=epochs, learning_rate=learning_rate, momentum=momentum),
-        params=params or {}, selected=selected or [AGENT], states=states, init_seed=0, issued_at=0.0,
+        params=params or {}, selected=selected or [AGENT], states=states, init_seed=0, issued_at=time.time(),
         deadline_s=60.0, last_round=10,
     )
