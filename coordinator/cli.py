@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from coordinator.certificates import issue_client_certificate
 from coordinator.config import CoordinatorSettings
 from coordinator.enrollment import enroll
 from coordinator.service import CoordinatorService
@@ -45,27 +46,38 @@ def enroll_command(
     public_key: str | None = typer.Option(None, help="register this key (ed25519:<base64>) for one device that made "
                                                       "its own, instead of issuing one"),
     max_samples: int | None = typer.Option(None, min=1, help="most samples the device may claim as its weight"),
+    ca_cert: Path | None = typer.Option(None, help="also issue each device a client certificate (CN = its id) "
+                                                   "signed by this CA, for brokers that authenticate by certificate"),
+    ca_key: Path | None = typer.Option(None, help="the CA's private key (unencrypted PEM), with --ca-cert"),
+    cert_days: int = typer.Option(365, min=1, help="validity of issued client certificates"),
 ) -> None:
     """Enroll devices: issue (or take) each one's signing key, register it, and hand it the coordinator's key.
 
-    A running coordinator picks new enrollments up without a restart. Each device's folder holds
-    agent_key.pem (its private key: copy it to the device only) and coordinator.pub; run the agent
-    with --signing-key-file agent_key.pem --coordinator-key coordinator.pub.
+    A running coordinator picks new enrollments up without a restart, and a broker that trusts
+    the CA needs no change. Each device's folder holds agent_key.pem (its private key: copy it to
+    the device only), coordinator.pub, and with --ca-cert client.crt and client.key; run the agent
+    with --signing-key-file agent_key.pem --coordinator-key coordinator.pub (and --cert-file
+    client.crt --key-file client.key --ca-file <the broker's CA>).
     """
     if public_key is not None and len(agent_ids) != 1:
         raise typer.BadParameter("--public-key registers one device at a time", param_hint="--public-key")
+    if (ca_cert is None) != (ca_key is None):
+        raise typer.BadParameter("give --ca-cert and --ca-key together", param_hint="--ca-cert")
+    try:
+        given = None if public_key is None else PublicKey.from_text(public_key)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--public-key") from None
     settings = CoordinatorSettings(state_dir=state_dir, enrolled_agents_file=enrolled_agents_file,
                                    signing_key_file=signing_key_file)
     coordinator_key = SigningKey.load_or_create(settings.signing_key_path).public_key
     for agent_id in agent_ids:
         folder = bundle_dir / agent_id
         folder.mkdir(parents=True, exist_ok=True)
-        if public_key is not None:
-            key = PublicKey.from_text(public_key)
-        else:
-            key = SigningKey.load_or_create(folder / "agent_key.pem").public_key
+        key = given or SigningKey.load_or_create(folder / "agent_key.pem").public_key
         enroll(settings.enrollment_path, agent_id, key, max_samples)
         (folder / "coordinator.pub").write_text(coordinator_key.to_text() + "\n")
+        if ca_cert is not None and ca_key is not None:
+            issue_client_certificate(ca_cert, ca_key, agent_id, folder, cert_days)
         typer.echo(f"enrolled {agent_id} (key {key.key_id}); credentials in {folder}")
 
 

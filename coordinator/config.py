@@ -79,6 +79,8 @@ class CoordinatorSettings(BaseSettings):
         "most agents one round (training or the final evaluation) selects; larger fleets are sampled"))
     max_known_agents: int = Field(default=50_000, ge=1, le=10_000_000, description=(
         "agents the registry remembers; when full, the longest-silent one is forgotten, or a new one refused"))
+    forget_agents_after_s: float = Field(default=7 * 86_400.0, gt=0.0, description=(
+        "forget an agent not heard from for this long (it re-enters with its next status)"))
     min_available_agents: int = Field(default=2, ge=1)
     quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
     min_updates: int = Field(default=1, ge=1)

@@ -426,6 +426,8 @@ class RoundEngine:
         if now - self._gauges_refreshed < GAUGE_REFRESH_S:  # tick runs after every message batch
             return
         self._gauges_refreshed = now
+        for agent_id in self.registry.forget_silent(now, self.settings.forget_agents_after_s):
+            self.privacy.forget(agent_id)
         self.metrics.set_online(self.registry.online_by_device(now))
 
 

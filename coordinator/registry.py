@@ -39,6 +39,10 @@ class Observation:
     """Reconnects it made since the last status this coordinator saw."""
 
 
+MAX_RECONNECTS_PER_STATUS = 1_000
+"""Reconnects one status may add to the metrics (agents report their own counts)."""
+
+
 class RegistryFull(Exception):
     """Every remembered agent was heard within the timeout: a new one cannot be taken in."""
 
@@ -74,10 +78,22 @@ class AgentRegistry:
             new_reconnects = status.reconnects
         else:
             new_reconnects = max(0, status.reconnects - previous.reconnects)
+        new_reconnects = min(new_reconnects, MAX_RECONNECTS_PER_STATUS)  # a counter one status cannot inflate
         seen = status.reconnects if previous is None or restarted else max(previous.reconnects, status.reconnects)
         self._agents[status.agent_id] = AgentRecord(status, now, seen)
         self._agents.move_to_end(status.agent_id)
         return Observation(restarted=restarted, new_reconnects=new_reconnects)
+
+    def forget_silent(self, now: float, after_s: float) -> list[str]:
+        """Forget agents not heard from for ``after_s``: gone for good, they hold no memory here."""
+        gone = []
+        while self._agents:
+            oldest = next(iter(self._agents.values()))
+            if now - oldest.last_seen <= after_s:
+                break
+            gone.append(oldest.agent_id)
+            del self._agents[oldest.agent_id]
+        return gone
 
     def budget_spent(self, agent_id: str, privacy: PrivacySpent) -> None:
         """An update said the agent's DP budget is spent: stop selecting it now, not at its next status."""

@@ -62,6 +62,9 @@ class TestCA:
         slug = name.replace(" ", "-")
         self.cert_file = self.directory / f"{slug}.crt"
         self.cert_file.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
+        self.key_file = self.directory / f"{slug}.key"
+        """The CA's own key, for tools under test that issue certificates with it."""
+        _write_key(self._key, self.key_file)
 
     def _issue(self, common_name: str, stem: str, usage: x509.ObjectIdentifier,
                san: list[x509.GeneralName] | None) -> Issued:
