@@ -224,7 +224,8 @@ class Fleet:
     def enroll(self) -> None:
         """``coordinator enroll`` every agent: its key and the coordinator's land in its state dir
         (kept when already there, so restarts and a second start keep their identities)."""
-        argv = [self.python, "-m", "coordinator", "enroll", *self.agents, "--state-dir", str(self.coordinator_dir),
+        state_dir = self.coordinator_settings["state_dir"]
+        argv = [self.python, "-m", "coordinator", "enroll", *self.agents, "--state-dir", str(state_dir),
                 "--bundle-dir", str(self.run_dir / "agents")]
         for name in ("enrolled_agents_file", "signing_key_file"):
             if self.coordinator_settings.get(name):

@@ -54,6 +54,7 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
                   federation=FEDERATION)
     run_a.agents["dp-0"].env.update(DP_ENV)
     try:
+        run_a.enroll()
         run_a.coordinator.start()
         run_a.agents["dp-0"].start()
         assert run_a.coordinator.wait(240) == 0, run_a.coordinator.log_tail()
@@ -72,6 +73,7 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
     run_b.agents["dp-0"].env.update(DP_ENV)
     phase_b = time.monotonic()
     try:
+        run_b.enroll()  # the new coordinator's key: the agents' copies are replaced, their own keys kept
         run_b.coordinator.start()
         # Start the agent only once run B is online: run A's retained 'finished' would make it exit.
         wait_until(lambda: any(s.run_id != run_a_id and s.state == "online"

@@ -42,7 +42,9 @@ class Seen:
 class WireRecorder:
     """An independent MQTT subscriber that records every message on ``topic_filter``."""
 
-    def __init__(self, url: str, topic_filter: str, client_id: str = "wire-recorder") -> None:
+    def __init__(self, url: str, topic_filter: str, client_id: str = "wire-recorder",
+                 tls_files: tuple[Path, Path, Path] | None = None) -> None:
+        """``tls_files``: (CA, client certificate, key) for a broker that wants client certificates."""
         address = BrokerAddress.parse(url)
         self.address = address
         self.topic_filter = topic_filter
@@ -54,6 +56,9 @@ class WireRecorder:
         self._client.max_inflight_messages_set(1000)
         if address.username:
             self._client.username_pw_set(address.username, address.password)
+        if tls_files is not None:
+            ca_file, cert_file, key_file = tls_files
+            self._client.tls_set(ca_certs=str(ca_file), certfile=str(cert_file), keyfile=str(key_file))
         self._client.reconnect_delay_set(0.1, 1)  # chaos tests restart the broker: come back fast
         self._client.on_connect = lambda c, u, f, rc, p: c.subscribe(topic_filter, qos=1)
         self._client.on_subscribe = lambda c, u, mid, rcs, p: self._subscribed.set()
