@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +14,7 @@ from coordinator.checkpoint import CheckpointStore
 from coordinator.config import CoordinatorSettings
 from coordinator.engine import RoundEngine
 from coordinator.http_server import HealthServer
+from coordinator.inbox import BoundedInbox
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.rounds import RoundSummary
 from coordinator.rounds_log import RoundsLog
@@ -25,6 +25,10 @@ from protocol.signing import SigningKey
 log = logging.getLogger(__name__)
 
 STALL_S = 30.0
+DRAIN_MAX = 1000
+"""Messages handled between two ticks at most."""
+INBOX_BYTES = 64 * 1024 * 1024
+"""Payload bytes received but not yet handled; past this the network thread waits (see inbox.py)."""
 
 
 class CoordinatorService:
@@ -39,7 +43,7 @@ class CoordinatorService:
             on_round_closed=self._round_closed, on_resumed=self._resumed, background=self._background,
             signing_key=SigningKey.load_or_create(settings.signing_key_path),
         )
-        self._inbox: queue.Queue[tuple[str, object, object]] = queue.Queue()
+        self._inbox = BoundedInbox(INBOX_BYTES)
         self._link: MqttLink | None = None
         self._restored = False
         self._last_loop = time.monotonic()
@@ -59,7 +63,7 @@ class CoordinatorService:
         topics = self.engine.topics
         self._link = MqttLink(
             self.settings.mqtt_client_id, self.settings.broker_address(),
-            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload)),
+            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload), len(payload)),
             subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1)],
             will=Will(topics.coordinator_status, self.engine.offline_status()),
             persistent_session=True,
@@ -73,6 +77,7 @@ class CoordinatorService:
         finally:
             if not self.engine.finished and self._link.connected:
                 self.publish(topics.coordinator_status, self.engine.offline_status(), retain=True)
+            self._inbox.close()
             self._link.stop()
             self.http.stop()
             self._background.shutdown(wait=True)
@@ -84,16 +89,12 @@ class CoordinatorService:
             wait = self.engine.tick()
             if self.engine.finished and self.settings.exit_when_finished:
                 return
-            try:
-                item = self._inbox.get(timeout=wait)
-            except queue.Empty:
-                continue
-            self._dispatch(item)
-            while True:  # drain what else arrived before ticking again
-                try:
-                    self._dispatch(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
+            item = self._inbox.get(timeout=wait)
+            handled = 0
+            while item is not None:  # drain what else arrived before ticking again (deadlines wait for no backlog)
+                self._dispatch(item)
+                handled += 1
+                item = self._inbox.get(timeout=0) if handled < DRAIN_MAX else None
 
     def _dispatch(self, item: tuple[str, object, object]) -> None:
         kind, first, second = item
