@@ -16,3 +16,11 @@ def test_codec_bench_quick_prints_its_table() -> None:
     assert " 10M " not in out, "--quick measures 1M parameters only"
     verdicts = re.findall(r"^(PASS|MISS)\s+1M: (decode|encode)", out, re.MULTILINE)
     assert sorted(kind for _, kind in verdicts) == ["decode", "encode"], out
+
+
+def test_signing_bench_quick_prints_its_table() -> None:
+    out = run_bench("signing.py", "--quick", timeout_s=180)
+    assert re.search(r"^\s+params\s+bytes\s+encode ms.*verify/transport", out, re.MULTILINE), out
+    for params in ("127,000", "1,000,000"):
+        assert re.search(rf"^\s*{params}\s+[\d,]+(\s+\d+\.\d+){{7}}\s+\d+\.\d+$", out, re.MULTILINE), (params, out)
+        assert re.search(rf"^(PASS|MISS)\s+{params} params: verifying an update", out, re.MULTILINE), out
