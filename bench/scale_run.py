@@ -234,11 +234,7 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
     except Exception as exc:  # noqa: BLE001 - a crash fails this row, not the bench
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
-        if fleet is not None:
-            fleet.stop()
-        if coordinator is not None:
-            coordinator.terminate(30.0)
-        broker.stop()
+        _stop_all(fleet, coordinator, broker)
         if keep is not None:
             shutil.copytree(run_dir / "coordinator", keep / config.label.replace("/", "_"), dirs_exist_ok=True)
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -320,10 +316,15 @@ def run_long(rounds: int, agents: int = 6, params: int = 1000) -> LongResult:
     except Exception as exc:  # noqa: BLE001 - reported, not raised
         result.error = f"{type(exc).__name__}: {exc}"
     finally:
-        if fleet is not None:
-            fleet.stop()
-        if coordinator is not None:
-            coordinator.terminate(30.0)
-        broker.stop()
+        _stop_all(fleet, coordinator, broker)
         shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def _stop_all(fleet: LightFleet | None, coordinator: ManagedProcess | None, broker: MosquittoBroker) -> None:
+    """Fleet, coordinator, broker: in that order, whatever state a row ended in."""
+    if fleet is not None:
+        fleet.stop()
+    if coordinator is not None:
+        coordinator.terminate(30.0)
+    broker.stop()

@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_va
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.messages import MAX_AGENTS_PER_ROUND
-from protocol.mqtt import BrokerAddress, check_tls_file
+from protocol.mqtt import BrokerAddress, tls_file_setting
 from protocol.topics import check_identifier
 
 AggregatorName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"]
@@ -125,13 +125,7 @@ class CoordinatorSettings(BaseSettings):
         BrokerAddress.parse(value)
         return value
 
-    @field_validator("ca_file", "cert_file", "key_file")
-    @classmethod
-    def _tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        """Readable, and only with an mqtts:// URL (``broker_url`` is declared, so validated, before)."""
-        url = info.data.get("broker_url")
-        check_tls_file(str(info.field_name), value, BrokerAddress.parse(url).tls if url else True)
-        return value
+    _tls_file = field_validator("ca_file", "cert_file", "key_file")(tls_file_setting)
 
     @field_validator("momentum")
     @classmethod

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from edge_agent.stragglers import DelayModel, parse_delay
-from protocol.mqtt import BrokerAddress, check_tls_file
+from protocol.mqtt import BrokerAddress, tls_file_setting
 from protocol.signing import PublicKey
 from protocol.topics import check_identifier
 
@@ -113,13 +113,7 @@ class AgentSettings(BaseSettings):
         BrokerAddress.parse(value)
         return value
 
-    @field_validator("ca_file", "cert_file", "key_file")
-    @classmethod
-    def _tls_file(cls, value: Path | None, info: ValidationInfo) -> Path | None:
-        """Readable, and only with an mqtts:// URL (``broker_url`` is declared, so validated, before)."""
-        url = info.data.get("broker_url")
-        check_tls_file(str(info.field_name), value, BrokerAddress.parse(url).tls if url else True)
-        return value
+    _tls_file = field_validator("ca_file", "cert_file", "key_file")(tls_file_setting)
 
     @model_validator(mode="after")
     def _consistent(self) -> AgentSettings:

@@ -22,10 +22,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
+from pydantic import ValidationInfo
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,14 @@ def check_tls_file(name: str, path: str | os.PathLike[str] | None, tls: bool) ->
             handle.read(1)
     except OSError as exc:
         raise ValueError(f"{name} {os.fspath(path)!r} cannot be read: {exc.strerror}") from None
+
+
+def tls_file_setting(cls: type, value: Path | None, info: ValidationInfo) -> Path | None:
+    """Field validator for both services' ca_file, cert_file and key_file: a readable file, and only
+    with an mqtts:// URL (``broker_url`` is declared before them, so it is validated first)."""
+    url = info.data.get("broker_url")
+    check_tls_file(str(info.field_name), value, BrokerAddress.parse(url).tls if url else True)
+    return value
 
 
 def check_tls_files(tls: bool, *, ca_file: str | os.PathLike[str] | None = None,
