@@ -27,6 +27,10 @@ Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 Algorithm = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
 Task = Literal["train", "evaluate"]
+"""What a round asks of the agents it selects (not to be confused with the user's ``TaskRef``)."""
+
+VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,31}$"
+TaskVersion = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
 
 MAX_AGENTS_PER_ROUND = 10_000
 
@@ -56,6 +60,19 @@ class CoordinatorStatus(Message):
     timestamp: float
 
 
+class TaskRef(WireModel):
+    """The user's task (model families, label space, data loader) a run trains, by name and version.
+
+    Coordinator and agents must agree on it: an agent refuses a round of another task or version.
+    """
+
+    name: Identifier
+    version: TaskVersion
+
+    def __str__(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
 class PrivacySpent(WireModel):
     epsilon: float = Field(ge=0.0)
     delta: float = Field(ge=0.0, lt=1.0)
@@ -82,6 +99,12 @@ class AgentStatus(Message):
     """Broker reconnections of this agent process so far."""
     rejected: NonNegativeInt = 0
     """Messages this agent process dropped (unsigned, forged, inconsistent or malformed) so far."""
+    task_ref: TaskRef
+    """The task this agent runs."""
+    layout: Digest
+    """Fingerprint of its model family's layout (``protocol.tasks.layout_fingerprint``)."""
+    problem: str | None = Field(default=None, max_length=512)
+    """Why it refuses rounds, when it does (e.g. a task or layout mismatch); None when it does not."""
 
 
 class StateRef(WireModel):
@@ -106,6 +129,11 @@ class RoundAnnouncement(Message):
     run_id: Identifier
     round: Round
     task: Task
+    task_ref: TaskRef
+    """The user's task this run trains; agents of another task or version refuse the round."""
+    layouts: dict[Identifier, Digest] = Field(default_factory=dict, max_length=64)
+    """Layout fingerprint per model family, once known: an agent whose model differs refuses the round,
+    and the coordinator aggregates no payload of another layout."""
     algorithm: Algorithm
     training: LocalTraining
     params: dict[Annotated[str, StringConstraints(max_length=64)], float | int | bool] = Field(
@@ -193,6 +221,7 @@ class Update(Message):
     agent_id: Identifier
     round: Round
     task: Task
+    task_ref: TaskRef
     family: Identifier
     base_digest: Digest | None
     """Digest of the global state trained from; None when bootstrapping."""

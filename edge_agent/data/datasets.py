@@ -1,6 +1,8 @@
-"""Image classification data as plain arrays: scikit-learn's digits, an .npz file, or synthetic.
+"""A device's samples as plain arrays, and the built-in image sets: scikit-learn's digits, synthetic.
 
-Images are float32 [N, C, H, W] scaled to [0, 1]; labels are int64 [N].
+Inputs are float32 [N, ...] (images [N, C, H, W] scaled to [0, 1], sensor windows [N, C, T]);
+labels are int64 [N] in the task's declared label space, or float32 targets for regression
+(``num_classes == 0``).
 """
 
 from __future__ import annotations
@@ -19,16 +21,19 @@ class Dataset:
     name: str
 
     def __post_init__(self) -> None:
-        if self.x.ndim != 4:
-            raise ValueError(f"{self.name}: images must be [N, C, H, W], got shape {self.x.shape}")
-        if self.y.shape != (self.x.shape[0],):
-            raise ValueError(f"{self.name}: {self.x.shape[0]} images but labels of shape {self.y.shape}")
-        if len(self.y) and (self.y.min() < 0 or self.y.max() >= self.num_classes):
-            raise ValueError(f"{self.name}: labels must lie in [0, {self.num_classes})")
+        if self.x.ndim < 2:
+            raise ValueError(f"{self.name}: inputs must be [N, ...], got shape {self.x.shape}")
+        if self.y.shape[:1] != (self.x.shape[0],):
+            raise ValueError(f"{self.name}: {self.x.shape[0]} inputs but labels of shape {self.y.shape}")
+        if self.num_classes:
+            if self.y.ndim != 1 or self.y.dtype != np.int64:
+                raise ValueError(f"{self.name}: class labels must be int64 [N], got {self.y.dtype}{list(self.y.shape)}")
+            if len(self.y) and (self.y.min() < 0 or self.y.max() >= self.num_classes):
+                raise ValueError(f"{self.name}: labels must lie in [0, {self.num_classes})")
 
     @property
-    def in_shape(self) -> tuple[int, int, int]:
-        return tuple(self.x.shape[1:])  # type: ignore[return-value]
+    def in_shape(self) -> tuple[int, ...]:
+        return tuple(self.x.shape[1:])
 
     def __len__(self) -> int:
         return len(self.y)
