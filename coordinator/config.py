@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from protocol.messages import MAX_AGENTS_PER_ROUND
 from protocol.mqtt import BrokerAddress, tls_file_setting
+from protocol.tasks import TaskCard, load_task_card
 from protocol.topics import check_identifier
 
 AggregatorName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"]
@@ -38,6 +39,9 @@ class CoordinatorSettings(BaseSettings):
     http_port: int = Field(default=9100, ge=0, le=65535)
 
     # what
+    task: str = Field(default="digits", description=(
+        "the task agents run: a built-in task's name (digits, mnist-5k, basic-motions) or a task card file "
+        "(.json, from 'edge-agent tasks --card NAME'); agents of another task, version or model layout are refused"))
     algorithm: AlgorithmName = "fedavg"
     aggregator: AggregatorName = Field(default="mean", description="how updates are combined")
     byzantine_f: int = Field(default=0, ge=0, le=10_000, description=(
@@ -138,6 +142,12 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("must be 0 for scaffold: its correction assumes plain SGD steps")
         return value
 
+    @field_validator("task")
+    @classmethod
+    def _task(cls, value: str) -> str:
+        load_task_card(value)  # a clear error at start-up, naming the field
+        return value
+
     @field_validator("client_id")
     @classmethod
     def _client_id(cls, value: str | None) -> str | None:
@@ -153,7 +163,14 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
+        if self.algorithm == "fedproto":
+            problem = self.task_card().prototype_problem()
+            if problem is not None:
+                raise ValueError(f"algorithm fedproto cannot run task {self.task!r}: {problem}")
         return self
+
+    def task_card(self) -> TaskCard:
+        return load_task_card(self.task)
 
     @property
     def mqtt_client_id(self) -> str:

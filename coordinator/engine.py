@@ -36,6 +36,7 @@ from coordinator.retained import RetainedStates
 from coordinator.rounds import OpenRound, RoundSummary
 from coordinator.selection import plan_selection
 from coordinator.strategies.base import Strategy
+from coordinator.task_agreement import TaskAgreement
 from protocol.chunking import split_payload
 from protocol.messages import AgentStatus, CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
 from protocol.signing import SigningKey
@@ -89,6 +90,7 @@ class RoundEngine:
             log.warning("enrollment is open: any client that reaches the broker can join and send updates "
                         "(for experiments only; enroll agents with 'coordinator enroll' and drop --enrollment open)")
         self.norms = NormGuard(settings.max_norm_ratio)
+        self.task = TaskAgreement(settings.task_card())
         self.topics = Topics(settings.federation)
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.inbound = InboundFilter(self, metrics)
@@ -138,6 +140,8 @@ class RoundEngine:
         last = saved.get("last_summary") or (saved["history"][-1] if saved.get("history") else None)  # format of 2026-11
         self.last_summary = None if last is None else RoundSummary.from_dict(last)
         self.strategy.load_state_dict(saved["strategy"])
+        self.task.load_state_dict(saved.get("task") or {"name": "digits", "version": "1", "layouts": {}},  # format of 2026-11
+                                  str(self.store.directory))
         log.info("resumed run %s at round %d from %s", self.run_id, self.next_round, self.store.directory)
         if self.on_resumed is not None:
             self.on_resumed(self.last_summary)
@@ -241,6 +245,8 @@ class RoundEngine:
         number = self.next_round
         task = "train" if number <= s.rounds else "evaluate"
         pool = self.registry.available(now) if task == "train" else self.registry.evaluable(now)
+        self.task.pin((r.status for r in pool), {f: st.weights for f, st in self.strategy.states.items()})
+        pool = [r for r in pool if self.task.status_problem(r.status) is None]
         available = [r.agent_id for r in pool]
         if not self.connected or len(available) < s.min_available_agents:
             if now - self._last_wait_log > 10.0:
@@ -258,8 +264,10 @@ class RoundEngine:
         if len(selected) < min(len(available), math.ceil(fraction * len(available))):
             log.warning("round %d: %d agents available, selecting %d (max_agents_per_round)",
                         number, len(available), len(selected))
+        families = {r.status.family for r in pool if r.agent_id in set(selected)}
         announcement = RoundAnnouncement(
-            run_id=self.run_id, round=number, task=task, algorithm=self.strategy.algorithm,
+            run_id=self.run_id, round=number, task=task, task_ref=self.task.card.ref,
+            layouts={f: self.task.layouts[f] for f in sorted(families)}, algorithm=self.strategy.algorithm,
             training=LocalTraining(epochs=s.local_epochs, learning_rate=s.learning_rate, momentum=s.momentum,
                                    weight_decay=s.weight_decay, batch_size=s.batch_size),
             params=self.strategy.round_params(number), selected=selected,
@@ -377,7 +385,7 @@ class RoundEngine:
         """What resuming needs, and no more: its size does not grow with the run (the rounds log does)."""
         return self.store.save(CHECKPOINT, {
             "run_id": self.run_id, "algorithm": self.strategy.algorithm, "next_round": next_round,
-            "finished": finished, "strategy": self.strategy.state_dict(),
+            "finished": finished, "strategy": self.strategy.state_dict(), "task": self.task.state_dict(),
             "last_summary": None if last_summary is None else last_summary.to_dict(),
         })
 

@@ -75,6 +75,10 @@ class InboundFilter:
             self.reject("agent_status", RejectReason.TOPIC_MISMATCH.value, parsed.agent_id,
                          f"status names {status.agent_id}")
             return
+        problem = self.engine.task.status_problem(status)
+        if problem is not None:  # kept (the operator sees it) but never selected; counted at every status
+            self.reject("agent_status", RejectReason.TASK_MISMATCH.value, parsed.agent_id, problem,
+                        action="cannot select")
         previous = self.engine.registry.get(status.agent_id)
         try:
             self.engine.observe_agent(status)
@@ -138,12 +142,13 @@ class InboundFilter:
         cap = min(engine.settings.max_samples_per_update, (enrolled.max_samples if enrolled else None) or 2**62)
         if update.num_samples > cap:
             raise RejectedUpdate(RejectReason.TOO_MANY_SAMPLES, f"claims {update.num_samples} samples, at most {cap}")
+        engine.task.check_update(update, open_round.announcement)
         if update.task == "train":
             engine.strategy.check_update(update)
 
-    def reject(self, kind: str, reason: str, sender: str, detail: str) -> None:
+    def reject(self, kind: str, reason: str, sender: str, detail: str, action: str = "dropped") -> None:
         self.metrics.rejected.labels(kind, reason).inc()
         if (sender, reason) not in self._logged and len(self._logged) < _MAX_LOGGED:
             self._logged.add((sender, reason))
-            log.warning("dropped %s from %s: %s: %s (further drops for this reason are only counted)",
-                        kind, sender, reason, detail)
+            log.warning("%s %s from %s: %s: %s (further ones for this reason are only counted)",
+                        action, kind, sender, reason, detail)

@@ -26,6 +26,8 @@ class RejectReason(str, Enum):
     """Claims more samples (its weight) than the configured or enrolled maximum."""
     NORM_OUTLIER = "norm_outlier"
     """A delta far larger than the previous round's median (max_norm_ratio)."""
+    TASK_MISMATCH = "task_mismatch"
+    """Another task or version than the run's, or a model layout other than the one announced for its family."""
     BAD_SHAPE = "bad_shape"
     """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
     (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""

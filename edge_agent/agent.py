@@ -122,6 +122,8 @@ class EdgeAgent:
         self.session = secrets.token_hex(6)
         """New on every process start; the coordinator counts a change as a restart."""
         self.announcement: RoundAnnouncement | None = None
+        self.problem: str | None = None
+        """Why this agent refuses the current rounds (another task, version or layout); sent in its status."""
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
@@ -155,6 +157,7 @@ class EdgeAgent:
             num_samples=len(self.worker.data.train), num_eval_samples=len(self.worker.data.held_out),
             version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session, privacy=privacy,
             reconnects=self._link.reconnects if self._link is not None else 0, rejected=sum(self.rejected.values()),
+            task_ref=self.worker.task.card.ref, layout=self.worker.layout, problem=self.problem,
         )
 
     def _publish_status(self) -> None:
@@ -261,7 +264,21 @@ class EdgeAgent:
                 self._joined_mid_round = (ann.run_id, ann.round)
                 log.info("started while round %d was in progress; joining from the next round", ann.round)
         self.announcement = ann
+        self._check_agreement(ann)
         self._maybe_resend(ann)
+
+    def _check_agreement(self, ann: RoundAnnouncement) -> None:
+        """Refuse rounds of another task, version or layout, and say so in the status when that changes."""
+        problem = self.worker.refusal(ann)
+        if problem == self.problem:
+            return
+        self.problem = problem
+        if problem is not None:
+            log.warning("refusing rounds (task_mismatch): %s", problem)
+        else:
+            log.info("round %d is of this agent's task and layout again", ann.round)
+        if self._link is not None:
+            self._publish_status()
 
     def _maybe_resend(self, ann: RoundAnnouncement) -> None:
         """Send the update for ``ann`` again if a new coordinator session announced it."""
@@ -294,6 +311,8 @@ class EdgeAgent:
     def _maybe_answer(self) -> None:
         ann = self.announcement
         if ann is None or self.agent_id not in ann.selected or self._held is not None or self._training is not None:
+            return
+        if self.problem is not None:
             return
         if (ann.run_id, ann.round) in (self._answered, self._joined_mid_round):
             return

@@ -10,10 +10,12 @@ import torch
 from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion, build_attack
 from edge_agent.config import AgentSettings
-from edge_agent.data.local import LocalData, build_local_data
-from edge_agent.models import FAMILIES, build_model
+from edge_agent.data.local import build_local_data
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
+from edge_agent.tasks.base import Task
+from edge_agent.tasks.checks import check_model
+from edge_agent.tasks.registry import resolve_task
 from edge_agent.worker import LocalWorker
 from protocol.mqtt import Backoff
 from protocol.signing import SigningKey
@@ -24,32 +26,38 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion: Collusion | None = None) -> EdgeAgent:
+def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion: Collusion | None = None,
+                task: Task | None = None) -> EdgeAgent:
     """``set_threads=False`` leaves torch's thread count alone (several agents in one process).
 
-    ``collusion`` is the rendezvous of colluding attackers (tests and benchmarks only).
+    ``collusion`` is the rendezvous of colluding attackers (tests and benchmarks only); ``task``
+    saves resolving ``settings.task`` again when many agents share a process.
     """
+    task = task or resolve_task(settings.task)
     attack = build_attack(settings.attack, scale=settings.attack_scale, z=settings.attack_z, collusion=collusion)
     profile = get_profile(settings.device)
     threads = settings.threads if settings.threads is not None else profile.threads
     if set_threads and threads:
         torch.set_num_threads(threads)
     state = AgentStateDir(settings.state_dir)
-    agent_id = settings.agent_id or state.agent_id(settings.device)
+    family = settings.family or task.family_for(profile.name)
+    if family not in task.families:  # settings cannot know the families (it imports no task code): check at start
+        raise ValueError(f"family {family!r} is not a model family of task {task.card.ref}; its families: "
+                         f"{', '.join(task.families)}")
     data = build_local_data(
-        settings.data, partition=settings.partition, num_partitions=settings.num_partitions,
-        partition_index=settings.partition_index, alpha=settings.alpha, min_size=settings.min_size,
-        classes_per_client=settings.classes_per_client, data_seed=settings.data_seed,
+        task, settings.data, eval_data=settings.eval_data, partition=settings.partition,
+        num_partitions=settings.num_partitions, partition_index=settings.partition_index, alpha=settings.alpha,
+        min_size=settings.min_size, classes_per_client=settings.classes_per_client, data_seed=settings.data_seed,
         eval_fraction=settings.eval_fraction,
     )
-    family = settings.family or profile.family
-    if family not in FAMILIES:  # settings cannot know the families (it imports no torch): check at start
-        raise ValueError(f"family {family!r} is not a model family; known: {', '.join(FAMILIES)}")
+    check_model(task, family, task.build_model(family, seed=0), data.train)
+    privacy = _private_trainer(settings, task, family, state)
+    agent_id = settings.agent_id or state.agent_id(settings.device)  # written only once the rest is valid
     device = profile.torch_device()
-    privacy = _private_trainer(settings, family, data, state)
-    worker = LocalWorker(agent_id, family, data, device, settings.batch_size or profile.batch_size, state, privacy, attack)
-    log.info("agent %s: device %s, family %s on %s, %d train / %d held-out samples",
-             agent_id, profile.name, family, device, len(data.train), len(data.held_out))
+    worker = LocalWorker(agent_id, task, family, data, device, settings.batch_size or profile.batch_size, state,
+                         privacy, attack)
+    log.info("agent %s: task %s, device %s, family %s on %s, %d train / %d held-out samples",
+             agent_id, task.card.ref, profile.name, family, device, len(data.train), len(data.held_out))
     straggler = settings.straggler_model()
     if straggler.kind != "off":
         log.info("agent %s: simulating stragglers, extra training time %s seconds", agent_id, straggler)
@@ -64,7 +72,7 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
                      coordinator_key=settings.pinned_coordinator_key())
 
 
-def _private_trainer(settings: AgentSettings, family: str, data: LocalData, state: AgentStateDir) -> PrivateTrainer | None:
+def _private_trainer(settings: AgentSettings, task: Task, family: str, state: AgentStateDir) -> PrivateTrainer | None:
     """DP-SGD and the budget saved in the state dir, after checking the model can be trained with it."""
     if not settings.dp:
         return None
@@ -74,5 +82,5 @@ def _private_trainer(settings: AgentSettings, family: str, data: LocalData, stat
     from edge_agent.privacy.trainer import PrivateTrainer
 
     config = DPConfig.from_settings(settings)
-    check_dp_compatible(build_model(family, data.train.in_shape, data.train.num_classes, seed=0), family)
+    check_dp_compatible(task.build_model(family, seed=0), family)
     return PrivateTrainer.open(config, state)

@@ -29,9 +29,15 @@ class AgentSettings(BaseSettings):
     device: Literal["jetson", "rpi", "phone", "cpu"] = "cpu"
     agent_id: str | None = Field(default=None, description="default: kept in the state dir, made once")
     state_dir: Path = Path("agent-state")
-    family: str | None = Field(default=None, description="model family; default: the device profile's")
+    task: str = Field(default="digits", description=(
+        "the task to run: an installed task's name ('edge-agent tasks' lists them) or package.module:attr"))
+    family: str | None = Field(default=None, description="model family; default: the one the task gives the device")
 
-    data: str = Field(default="digits", description="digits, synthetic, or a path to an .npz")
+    data: str | None = Field(default=None, description=(
+        "this device's data, as the task reads it (built-in tasks: a built-in set's name, an .npz, an image folder, "
+        "CSV/Parquet readings); default: the task's built-in set"))
+    eval_data: str | None = Field(default=None, description=(
+        "held-out data for the metrics this agent reports; default: eval_fraction of its data"))
     partition: Literal["none", "iid", "dirichlet", "classes"] = "none"
     num_partitions: int = Field(default=1, ge=1)
     partition_index: int = Field(default=0, ge=0)
@@ -87,6 +93,11 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _federation(cls, value: str) -> str:
         return check_identifier(value, "federation")
+
+    @field_validator("family")
+    @classmethod
+    def _family(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "family")
 
     @field_validator("agent_id")
     @classmethod

@@ -23,7 +23,7 @@ def embed_all(model: FedModel, data: Dataset, device: torch.device, normalize: b
         logits.append(model.head(z))
         embeddings.append(F.normalize(z, dim=1) if normalize else z)
     if not embeddings:
-        dim = model.head.in_features
+        dim = model.embedding_dim or 0
         return torch.zeros((0, dim), device=device), torch.zeros((0, data.num_classes), device=device)
     return torch.cat(embeddings), torch.cat(logits)
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
+from edge_agent.tasks.base import CLASSIFICATION, Objective
 from protocol.messages import LocalTraining
 
 if TYPE_CHECKING:
@@ -28,8 +28,11 @@ class TrainResult:
 @dataclass(frozen=True)
 class EvalResult:
     loss: float
-    accuracy: float
+    accuracy: float | None
+    """The task's ``accuracy`` metric; None for a task that reports none (regression)."""
     samples: int
+    metrics: dict[str, float]
+    """Every metric the task reports, ``accuracy`` included."""
 
 
 def to_tensors(data: Dataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,24 +40,26 @@ def to_tensors(data: Dataset, device: torch.device) -> tuple[torch.Tensor, torch
 
 
 @torch.no_grad()
-def evaluate(model: FedModel, data: Dataset, device: torch.device, batch_size: int = 1024) -> EvalResult:
+def evaluate(model: FedModel, data: Dataset, device: torch.device, objective: Objective = CLASSIFICATION,
+             batch_size: int = 1024) -> EvalResult:
+    """The objective's loss (averaged per sample) and its metrics over all of ``data``."""
     if len(data) == 0:
-        return EvalResult(0.0, 0.0, 0)
+        return EvalResult(0.0, 0.0 if data.num_classes else None, 0, {})
     model.eval()
     x, y = to_tensors(data, device)
     loss_sum = 0.0
-    correct = 0
+    outputs = []
     for start in range(0, len(y), batch_size):
-        logits = model(x[start:start + batch_size])
-        target = y[start:start + batch_size]
-        loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += (logits.argmax(1) == target).sum().item()
-    return EvalResult(loss_sum / len(y), correct / len(y), len(y))
+        out = model(x[start:start + batch_size])
+        loss_sum += objective.loss(out, y[start:start + batch_size]).item() * len(out)
+        outputs.append(out)
+    metrics = {k: float(v) for k, v in objective.metrics(torch.cat(outputs), y).items()}
+    return EvalResult(loss_sum / len(y), metrics.get("accuracy"), len(y), metrics)
 
 
 def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size: int, device: torch.device,
-                algorithm: ClientAlgorithm, seed: int) -> TrainResult:
-    """``plan.epochs`` passes of SGD over ``data``; the loss is cross-entropy plus the algorithm's terms."""
+                algorithm: ClientAlgorithm, seed: int, objective: Objective = CLASSIFICATION) -> TrainResult:
+    """``plan.epochs`` passes of SGD over ``data``; the loss is the task's plus the algorithm's terms."""
     started = time.perf_counter()
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,
@@ -70,7 +75,7 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
             inputs, labels = x[index], y[index]
             embeddings = model.embed(inputs)
             logits = model.head(embeddings)
-            loss = F.cross_entropy(logits, labels)
+            loss = objective.loss(logits, labels)
             extra = algorithm.extra_loss(model, embeddings, logits, labels)
             total = loss if extra is None else loss + extra
             optimizer.zero_grad(set_to_none=True)
@@ -79,6 +84,7 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
             optimizer.step()
             steps += 1
             loss_sum += loss.item() * len(labels)
-            correct += (logits.argmax(1) == labels).sum().item()
+            if data.num_classes:
+                correct += (logits.argmax(1) == labels).sum().item()
             seen += len(labels)
     return TrainResult(loss_sum / max(seen, 1), correct / max(seen, 1), steps, time.perf_counter() - started)

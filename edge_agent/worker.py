@@ -14,8 +14,9 @@ from pydantic import ValidationError
 from edge_agent.algorithms import RoundContext, build_client_algorithm
 from edge_agent.attacks import Attack, AttackContext, forge_payload
 from edge_agent.data.local import LocalData
-from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
+from edge_agent.tasks.base import Task
+from edge_agent.tasks.checks import model_fingerprint
 from edge_agent.training import evaluate, train_local
 from edge_agent.weights import get_arrays
 from protocol.arrays import all_finite
@@ -40,10 +41,13 @@ def check_finite(what: str, losses: list[float], payload: Mapping[str, object] |
 
 
 class LocalWorker:
-    def __init__(self, agent_id: str, family: str, data: LocalData, device: torch.device, batch_size: int,
+    def __init__(self, agent_id: str, task: Task, family: str, data: LocalData, device: torch.device, batch_size: int,
                  state: AgentStateDir, privacy: PrivateTrainer | None = None, attack: Attack | None = None) -> None:
         self.agent_id = agent_id
+        self.task = task
         self.family = family
+        self.layout = model_fingerprint(task.build_model(family, seed=0))
+        """Fingerprint of this family's model layout: what the agent announces and compares with rounds'."""
         self.data = data
         self.device = device
         self.batch_size = batch_size
@@ -52,6 +56,19 @@ class LocalWorker:
         """DP-SGD and its budget; None trains without DP."""
         self.attack = attack
         """Tests and benchmarks only: the Byzantine behaviour this agent adopts, if any."""
+
+    def refusal(self, announcement: RoundAnnouncement) -> str | None:
+        """Why this agent cannot take part in ``announcement``'s round (task, version or layout), or None."""
+        ann, mine = announcement, self.task.card.ref
+        if ann.task_ref != mine:
+            return f"round {ann.round} trains task {ann.task_ref}, this agent runs {mine}"
+        announced = ann.layouts.get(self.family)
+        if announced is not None and announced != self.layout:
+            return (f"round {ann.round} announces layout {announced} for family {self.family}, this agent's model has "
+                    f"{self.layout}: the task's code differs between devices under one version")
+        if announced is None and self.agent_id in ann.selected:
+            return f"round {ann.round} announces no layout for family {self.family}"
+        return None
 
     def privacy_spent(self) -> PrivacySpent | None:
         return None if self.privacy is None else self.privacy.spent()
@@ -65,18 +82,19 @@ class LocalWorker:
         train, held_out = self.data.train, self.data.held_out
         context = RoundContext(announcement.run_id, announcement.round, self.family, self.device)
         algorithm = build_client_algorithm(announcement.algorithm, announcement.params, self.state, context)
-        model = build_model(self.family, train.in_shape, train.num_classes, seed=announcement.init_seed).to(self.device)
+        model = self.task.build_model(self.family, seed=announcement.init_seed).to(self.device)
         algorithm.load(model, global_state)
-        before = evaluate(model, held_out, self.device)
+        objective = self.task.objective
+        before = evaluate(model, held_out, self.device, objective)
         common = dict(
             run_id=announcement.run_id, agent_id=self.agent_id, round=announcement.round, task=announcement.task,
-            family=self.family, base_digest=global_state.digest if global_state is not None else None,
+            task_ref=self.task.card.ref, family=self.family, base_digest=global_state.digest if global_state is not None else None,
             num_samples=len(train),
         )
         check_finite("the global model", [before.loss])
         if announcement.task == "evaluate":
             metrics = TrainMetrics(eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
-                                   extra=algorithm.metrics(model, held_out))
+                                   extra={**_named("eval_", before.metrics), **algorithm.metrics(model, held_out)})
             return Update(**common, metrics=metrics, privacy=self.privacy_spent())
 
         algorithm.check_plan(announcement.training)
@@ -86,16 +104,18 @@ class LocalWorker:
             train = self.attack.poison(train)
         batch_size = announcement.training.batch_size or self.batch_size
         if self.privacy is not None:
-            result = self.privacy.train(model, train, announcement.training, batch_size, self.device, algorithm)
+            result = self.privacy.train(model, train, announcement.training, batch_size, self.device, algorithm,
+                                        objective)
         else:
             # From the announced seed, not the run id: the same settings reproduce the same shuffles.
             seed = zlib.crc32(f"{self.agent_id}:{announcement.init_seed}:{announcement.round}".encode())
-            result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed)
-        after = evaluate(model, held_out, self.device)
+            result = train_local(model, train, announcement.training, batch_size, self.device, algorithm, seed,
+                                 objective)
+        after = evaluate(model, held_out, self.device, objective)
         payload = algorithm.payload(model, train, result, announcement.training)
         check_finite("local training", [result.loss, after.loss], payload)
-        extra = {"local_eval_accuracy": after.accuracy, "local_eval_loss": after.loss,
-                 **algorithm.metrics(model, held_out)}
+        extra = {"local_eval_loss": after.loss, **_named("local_eval_", after.metrics),
+                 **_named("eval_", before.metrics), **algorithm.metrics(model, held_out)}
         if self.attack is not None:
             attack_context = AttackContext(self.agent_id, announcement.run_id, announcement.round, self.family)
             payload = forge_payload(self.attack, payload, init, attack_context)
@@ -105,7 +125,8 @@ class LocalWorker:
             metrics = TrainMetrics(
                 eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
                 # Loss and accuracy on the training records are not covered by DP-SGD: not sent under DP.
-                train_loss=None if private else result.loss, train_accuracy=None if private else result.accuracy,
+                train_loss=None if private else result.loss,
+                train_accuracy=None if private or not train.num_classes else result.accuracy,
                 duration_s=result.duration_s, steps=result.steps, extra=extra,
             )
             update = Update(**common, metrics=metrics, privacy=self.privacy_spent(), **payload)
@@ -113,3 +134,9 @@ class LocalWorker:
             raise protocol_error(exc) from None
         algorithm.commit()
         return update
+
+
+def _named(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:
+    """A task's metrics for ``TrainMetrics.extra``; ``eval_accuracy`` has its own field."""
+    return {f"{prefix}{name}"[:64]: value for name, value in metrics.items()
+            if f"{prefix}{name}" != "eval_accuracy" and math.isfinite(value)}

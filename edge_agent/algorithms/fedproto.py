@@ -76,7 +76,7 @@ class FedProtoClient(ClientAlgorithm):
         self.local: tuple[np.ndarray, np.ndarray] | None = None
         if global_state is None or global_state.prototypes is None or global_state.prototype_counts is None:
             return
-        expected = (model.head.out_features, model.head.in_features)
+        expected = (model.num_outputs, model.embedding_dim)
         if global_state.prototypes.shape != expected:
             raise ProtocolError(Reason.BAD_SHAPE, f"global prototypes are {list(global_state.prototypes.shape)}, "
                                                   f"this model needs {list(expected)}")

@@ -8,7 +8,6 @@ labels are int64 [N] in the task's declared label space, or float32 targets for 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -61,32 +60,6 @@ def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dat
     return full.subset(train_idx, "digits-train"), full.subset(test_idx, "digits-test")
 
 
-def load_npz(path: Path, test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
-    """An .npz with images under ``x`` (or ``images``) and labels under ``y`` (or ``labels``).
-
-    Images may be [N, H, W] or [N, C, H, W] (or [N, H, W, C] with C in 1 or 3); integer
-    images are scaled from 0..255. MNIST and CIFAR-10 exported this way load directly.
-    """
-    with np.load(path, allow_pickle=False) as archive:
-        keys = set(archive.files)
-        x_key = next((k for k in ("x", "images") if k in keys), None)
-        y_key = next((k for k in ("y", "labels") if k in keys), None)
-        if x_key is None or y_key is None:
-            raise ValueError(f"{path}: expected arrays 'x'/'images' and 'y'/'labels', found {sorted(keys)}")
-        x = archive[x_key]
-        y = archive[y_key].astype(np.int64).reshape(-1)
-    if x.ndim == 3:
-        x = x[:, None]
-    elif x.ndim == 4 and x.shape[-1] in (1, 3) and x.shape[1] not in (1, 3):
-        x = np.transpose(x, (0, 3, 1, 2))
-    if x.ndim != 4:
-        raise ValueError(f"{path}: images must be [N, H, W] or [N, C, H, W], got {x.shape}")
-    x = x.astype(np.float32) / (255.0 if np.issubdtype(x.dtype, np.integer) else 1.0)
-    full = Dataset(np.ascontiguousarray(x), y, int(y.max()) + 1, path.stem)
-    train_idx, test_idx = split_indices(len(y), test_fraction, seed)
-    return full.subset(train_idx, f"{path.stem}-train"), full.subset(test_idx, f"{path.stem}-test")
-
-
 def make_synthetic(n: int = 2000, num_classes: int = 10, shape: tuple[int, int, int] = (1, 8, 8),
                    noise: float = 0.35, seed: int = 0) -> tuple[Dataset, Dataset]:
     """Learnable class-conditional images: a fixed random template per class plus noise."""
@@ -97,15 +70,3 @@ def make_synthetic(n: int = 2000, num_classes: int = 10, shape: tuple[int, int, 
     full = Dataset(x.astype(np.float32), y, num_classes, "synthetic")
     train_idx, test_idx = split_indices(n, 0.2, seed + 1)
     return full.subset(train_idx, "synthetic-train"), full.subset(test_idx, "synthetic-test")
-
-
-def load_dataset(spec: str, seed: int = 0) -> tuple[Dataset, Dataset]:
-    """``digits``, ``synthetic``, or a path to an .npz file: (train pool, global test set)."""
-    if spec == "digits":
-        return load_digits(seed=seed)
-    if spec == "synthetic":
-        return make_synthetic(seed=seed)
-    path = Path(spec)
-    if path.suffix != ".npz" or not path.exists():
-        raise ValueError(f"data {spec!r} is neither 'digits', 'synthetic' nor an existing .npz file")
-    return load_npz(path, seed=seed)

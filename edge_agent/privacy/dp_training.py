@@ -37,7 +37,6 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from opacus.grad_sample import GradSampleHooks
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
@@ -47,6 +46,7 @@ from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.privacy.errors import PrivacyUnsupported
 from edge_agent.privacy.ledger import Charge
+from edge_agent.tasks.base import CLASSIFICATION, Objective
 from edge_agent.training import TrainResult, to_tensors
 from protocol.messages import LocalTraining
 
@@ -80,7 +80,8 @@ class RoundShape:
 
 
 def train_private(model: FedModel, data: Dataset, plan: LocalTraining, shape: RoundShape, charge: Charge,
-                  max_grad_norm: float, device: torch.device, algorithm: ClientAlgorithm) -> TrainResult:
+                  max_grad_norm: float, device: torch.device, algorithm: ClientAlgorithm,
+                  objective: Objective = CLASSIFICATION) -> TrainResult:
     """DP-SGD for ``shape.steps`` steps at ``charge``'s noise; ``charge`` must already be in the ledger."""
     started = time.perf_counter()
     hooks = GradSampleHooks(model, loss_reduction="mean")
@@ -96,7 +97,7 @@ def train_private(model: FedModel, data: Dataset, plan: LocalTraining, shape: Ro
         # Records what every noised step actually was, as an Opacus accountant's hook would.
         optimizer.attach_step_hook(
             lambda opt: taken.append((opt.noise_multiplier, shape.sample_rate * opt.accumulated_iterations)))
-        loss, accuracy = _run_steps(model, data, shape, optimizer, device, algorithm)
+        loss, accuracy = _run_steps(model, data, shape, optimizer, device, algorithm, objective)
     finally:
         hooks.cleanup()
     expected = [(charge.noise_multiplier, charge.sample_rate)] * charge.steps
@@ -107,7 +108,7 @@ def train_private(model: FedModel, data: Dataset, plan: LocalTraining, shape: Ro
 
 
 def _run_steps(model: FedModel, data: Dataset, shape: RoundShape, optimizer: DPOptimizer, device: torch.device,
-               algorithm: ClientAlgorithm) -> tuple[float, float]:
+               algorithm: ClientAlgorithm, objective: Objective) -> tuple[float, float]:
     """The DP-SGD steps; returns the mean loss and accuracy over the sampled batches."""
     x, y = to_tensors(data, device)
     sampler = UniformWithReplacementSampler(num_samples=len(y), sample_rate=shape.sample_rate,
@@ -122,12 +123,13 @@ def _run_steps(model: FedModel, data: Dataset, shape: RoundShape, optimizer: DPO
             inputs, labels = x[index], y[index]
             embeddings = model.embed(inputs)
             logits = model.head(embeddings)
-            loss = F.cross_entropy(logits, labels)
+            loss = objective.loss(logits, labels)
             extra = algorithm.extra_loss(model, embeddings, logits, labels)
             (loss if extra is None else loss + extra).backward()
             _check_per_sample(model, algorithm)
             loss_sum += loss.item() * len(labels)
-            correct += (logits.argmax(1) == labels).sum().item()
+            if data.num_classes:
+                correct += (logits.argmax(1) == labels).sum().item()
             seen += len(labels)
         else:
             _empty_batch(model)  # the step still happens: noise alone, and it is accounted

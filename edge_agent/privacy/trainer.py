@@ -15,6 +15,7 @@ from edge_agent.privacy.errors import PrivacyUnsupported
 from edge_agent.privacy.ledger import PrivacyLedger
 from edge_agent.privacy.prototypes import PrototypeRelease
 from edge_agent.state import AgentStateDir
+from edge_agent.tasks.base import CLASSIFICATION, Objective
 from edge_agent.training import TrainResult
 from protocol.messages import LocalTraining, PrivacySpent
 
@@ -42,7 +43,7 @@ class PrivateTrainer:
         return self.ledger.spent()
 
     def train(self, model: FedModel, data: Dataset, plan: LocalTraining, batch_size: int, device: torch.device,
-              algorithm: ClientAlgorithm) -> TrainResult:
+              algorithm: ClientAlgorithm, objective: Objective = CLASSIFICATION) -> TrainResult:
         """Charge the round to the ledger (or raise ``BudgetExhausted``), then train it with DP-SGD."""
         if not algorithm.dp_compatible:
             raise PrivacyUnsupported(f"algorithm {algorithm.name!r} is not marked DP-compatible: this agent "
@@ -62,7 +63,8 @@ class PrivateTrainer:
         epsilon = self.ledger.charge(charges)  # on disk before the data is touched
         log.info("round charged: %d steps at sigma %.4g, rate %.4f; epsilon now %.4g", shape.steps, sigma,
                  shape.sample_rate, epsilon)
-        return train_private(model, data, plan, shape, charges[0], self.config.max_grad_norm, device, algorithm)
+        return train_private(model, data, plan, shape, charges[0], self.config.max_grad_norm, device, algorithm,
+                             objective)
 
     def _check_delta(self, num_samples: int) -> None:
         if not self._warned_delta and self.config.delta * num_samples >= 1.0:
