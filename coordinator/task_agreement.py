@@ -38,8 +38,6 @@ class TaskAgreement:
         """Why an agent with this status cannot take part, or None."""
         if status.task_ref != self.card.ref:
             return f"runs task {status.task_ref}, this run trains {self.card.ref}"
-        if status.family not in self.card.families:
-            return f"family {status.family} is not one of task {self.card.ref}'s ({', '.join(self.card.families)})"
         pinned = self.layouts.get(status.family)
         if pinned is not None and status.layout != pinned:
             return f"its {status.family} model has layout {status.layout}, the run's is {pinned}"
@@ -54,7 +52,7 @@ class TaskAgreement:
                 self._pinned(family, fingerprint_of(weights), "its global state")
         votes: dict[str, Counter[str]] = {}
         for status in statuses:
-            if status.task_ref == self.card.ref and status.family in self.card.families:
+            if status.task_ref == self.card.ref:
                 votes.setdefault(status.family, Counter())[status.layout] += 1
         for family, counter in sorted(votes.items()):
             if family not in self.layouts:

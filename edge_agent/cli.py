@@ -1,4 +1,5 @@
-"""``edge-agent run --device jetson|rpi|phone|cpu``: train on this device's data."""
+"""``edge-agent run --device jetson|rpi|phone|cpu``: train on this device's data;
+``edge-agent tasks``: the tasks installed here, or one task's card for the coordinator."""
 
 from __future__ import annotations
 
@@ -37,6 +38,37 @@ def run(settings: AgentSettings) -> int:
 
 
 app.command("run")(settings_command(AgentSettings, run))
+
+
+@app.command("tasks")
+def tasks(
+    card: str | None = typer.Option(None, "--card", metavar="TASK",
+                                    help="print TASK's card (JSON) for 'coordinator run --task FILE'"),
+) -> None:
+    """List the installed tasks (entry-point group edgefl.tasks), or print one task's card."""
+    from edge_agent.tasks.registry import TaskNotFound, installed_tasks, resolve_task
+
+    if card is not None:
+        try:
+            typer.echo(resolve_task(card).card.to_json(), nl=False)
+        except TaskNotFound as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        return
+    rows = []
+    for installed in installed_tasks():
+        try:
+            task = resolve_task(installed.name)
+        except TaskNotFound as exc:  # one broken package must not hide the others
+            rows.append((installed.name, "-", "-", "-", f"cannot load: {exc}"))
+            continue
+        c = task.card
+        rows.append((c.name, c.version, str(c.num_classes) if c.num_classes else c.kind, ", ".join(c.families),
+                     f"{installed.distribution}: {c.description}"))
+    header = ("TASK", "VERSION", "CLASSES", "FAMILIES", "FROM")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
 
 
 def main() -> None:

@@ -1,0 +1,109 @@
+"""The coordinator's side of agreeing on a task: cards, pinned layouts, and what it refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from coordinator.config import CoordinatorSettings
+from coordinator.rejects import RejectedUpdate
+from coordinator.task_agreement import TaskAgreement, fingerprint_of
+from protocol.messages import AgentStatus, LocalTraining, RoundAnnouncement, TaskRef, TrainMetrics, Update
+from protocol.tasks import BUILTIN_CARDS, TaskCard
+
+DIGITS = BUILTIN_CARDS["digits"]
+ARRAYS = {"w": np.zeros((2, 3), np.float32)}
+LAYOUT = fingerprint_of(ARRAYS)
+OTHER = fingerprint_of({"w": np.zeros((3, 3), np.float32)})
+
+
+def status(agent_id: str, layout: str = LAYOUT, ref: TaskRef = DIGITS.ref, family: str = "cnn_small",
+           problem: str | None = None) -> AgentStatus:
+    return AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=1,
+                       num_eval_samples=0, version="t", timestamp=0.0, task_ref=ref, layout=layout, problem=problem)
+
+
+def announcement(layouts: dict[str, str]) -> RoundAnnouncement:
+    return RoundAnnouncement(run_id="r", round=1, task="train", task_ref=DIGITS.ref, layouts=layouts, algorithm="fedavg",
+                             training=LocalTraining(epochs=1, learning_rate=0.1), selected=["a"], init_seed=0,
+                             issued_at=0.0, deadline_s=1.0, last_round=1)
+
+
+def update(ref: TaskRef = DIGITS.ref, **payload: object) -> Update:
+    return Update(run_id="r", agent_id="a", round=1, task="train", task_ref=ref, family="cnn_small", base_digest=None,
+                  num_samples=1, metrics=TrainMetrics(), **payload)
+
+
+def test_a_family_layout_is_pinned_by_most_agents_then_kept() -> None:
+    agreement = TaskAgreement(DIGITS)
+    agreement.pin([status("a"), status("b"), status("c", OTHER), status("x", OTHER, TaskRef(name="acme", version="1"))],
+                  {})
+    assert agreement.layouts == {"cnn_small": LAYOUT}  # two of three; the other task's agent has no vote
+    agreement.pin([status("c", OTHER), status("d", OTHER)], {})
+    assert agreement.layouts == {"cnn_small": LAYOUT}  # pinned for the run
+    assert agreement.status_problem(status("a")) is None
+    assert agreement.status_problem(status("c", OTHER)) == f"its cnn_small model has layout {OTHER}, the run's is {LAYOUT}"
+
+
+def test_ties_and_global_states_pin_deterministically() -> None:
+    tie = TaskAgreement(DIGITS)
+    tie.pin([status("a", OTHER), status("b", LAYOUT)], {})
+    assert tie.layouts["cnn_small"] == min(LAYOUT, OTHER)
+    from_state = TaskAgreement(DIGITS)
+    from_state.pin([status("a", OTHER), status("b", OTHER)], {"cnn_small": ARRAYS})
+    assert from_state.layouts["cnn_small"] == LAYOUT  # the global state's weights outrank what agents say
+
+
+def test_agents_of_another_task_or_that_refuse_are_not_eligible() -> None:
+    agreement = TaskAgreement(DIGITS)
+    assert agreement.status_problem(status("a", ref=TaskRef(name="digits", version="2"))) == (
+        "runs task digits@2, this run trains digits@1")
+    assert agreement.status_problem(status("a", problem="round 3 trains task x@1")) == (
+        "it refuses rounds: round 3 trains task x@1")
+
+
+def test_updates_of_another_task_or_layout_are_task_mismatch() -> None:
+    agreement = TaskAgreement(DIGITS)
+    ann = announcement({"cnn_small": LAYOUT})
+    agreement.check_update(update(weights=ARRAYS), ann)
+    cases = [
+        (update(TaskRef(name="acme", version="1"), weights=ARRAYS), ann, "task acme@1, the round's is digits@1"),
+        (update(delta={"w": np.zeros((3, 3), np.float32)}), ann, f"delta of layout {OTHER}, announced {LAYOUT}"),
+        (update(weights=ARRAYS), announcement({}), "announced no layout for family cnn_small"),
+        (update(prototypes=np.zeros((10, 32), np.float32), prototype_counts=np.ones(10, np.int64)), ann,
+         "prototypes are [10, 32], task digits@1 has [10, 64]"),
+    ]
+    for bad, round_announcement, message in cases:
+        with pytest.raises(RejectedUpdate) as error:
+            agreement.check_update(bad, round_announcement)
+        assert error.value.reason.value == "task_mismatch" and message in error.value.detail
+
+
+def test_the_checkpoint_keeps_layouts_and_refuses_another_task() -> None:
+    agreement = TaskAgreement(DIGITS)
+    agreement.pin([status("a")], {})
+    restored = TaskAgreement(DIGITS)
+    restored.load_state_dict(agreement.state_dict(), "here")
+    assert restored.layouts == {"cnn_small": LAYOUT}
+    with pytest.raises(ValueError, match="is a run of task digits@1, not mnist-5k@1"):
+        TaskAgreement(BUILTIN_CARDS["mnist-5k"]).load_state_dict(agreement.state_dict(), "here")
+    with pytest.raises(ValueError, match="layouts must map family names to fingerprints"):
+        restored.load_state_dict({"name": "digits", "version": "1", "layouts": {"f": 3}}, "here")
+
+
+def test_settings_take_a_builtin_name_or_a_card_file(tmp_path: Path) -> None:
+    assert CoordinatorSettings(task="mnist-5k").task_card() == BUILTIN_CARDS["mnist-5k"]
+    card = TaskCard(name="acme", version="2.1", classes=("ok", "dent"), families=("small",))
+    path = tmp_path / "acme.json"
+    path.write_text(card.to_json())
+    assert CoordinatorSettings(task=str(path)).task_card() == card
+    with pytest.raises(ValidationError, match="algorithm fedproto cannot run task .*declares no embedding"):
+        CoordinatorSettings(task=str(path), algorithm="fedproto")
+    with pytest.raises(ValidationError, match="task\n.*not a built-in task .*edge-agent tasks --card acme"):
+        CoordinatorSettings(task="acme")
+    (tmp_path / "bad.json").write_text('{"name": "acme", "version": "1", "classes": ["x"], "families": ["a"]}')
+    with pytest.raises(ValidationError, match="task card .*bad.json: .*at least two classes"):
+        CoordinatorSettings(task=str(tmp_path / "bad.json"))
