@@ -23,6 +23,7 @@ from edge_agent.algorithms import RoundContext, build_client_algorithm
 from edge_agent.state import AgentStateDir
 from edge_agent.training import TrainResult
 from protocol.messages import LocalTraining, TrainMetrics, Update
+from tests.task_refs import DIGITS
 
 RUN, FAMILY = "drift", "linear"
 SLOPES, INTERCEPTS, SHIFTS = (1.0, -2.0, 3.0), (0.5, -1.0, 2.0), (-2.0, 0.0, 2.5)
@@ -78,7 +79,7 @@ def local_round(algorithm: str, agent: int, round_number: int, strategy: Strateg
     result = TrainResult(loss=loss.item(), accuracy=0.0, steps=STEPS, duration_s=0.0)
     payload = client.payload(model, None, result, plan)  # type: ignore[arg-type]  # the data is not needed
     client.commit()
-    return Update(run_id=RUN, agent_id=f"agent-{agent}", round=round_number, task="train", family=FAMILY,
+    return Update(run_id=RUN, agent_id=f"agent-{agent}", round=round_number, task="train", task_ref=DIGITS, family=FAMILY,
                   base_digest=message.digest if message is not None else None, num_samples=len(x),
                   metrics=TrainMetrics(train_loss=loss.item()), **payload)
 

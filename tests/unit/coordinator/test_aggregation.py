@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from coordinator.aggregation import AggregationError, weighted_mean
 from coordinator.strategies.fedavg import FedAvg
 from protocol.messages import GlobalState, TrainMetrics, Update
+from tests.task_refs import DIGITS
 
 FAST = settings(deadline=None, max_examples=50)
 
@@ -186,7 +187,7 @@ def test_aggregation_error_is_a_value_error() -> None:
 def make_update(agent: str, round_number: int, num_samples: int, *, weights: dict[str, np.ndarray] | None = None,
                 delta: dict[str, np.ndarray] | None = None, base_digest: str | None = None,
                 family: str = "cnn") -> Update:
-    return Update(run_id="run", agent_id=agent, round=round_number, task="train", family=family,
+    return Update(run_id="run", agent_id=agent, round=round_number, task="train", task_ref=DIGITS, family=family,
                   base_digest=base_digest, num_samples=num_samples, weights=weights or {}, delta=delta or {},
                   metrics=TrainMetrics())
 

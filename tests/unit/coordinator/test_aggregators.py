@@ -22,6 +22,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.strategies.fedavg import FedAvg
 from protocol.messages import TrainMetrics, Update
 from protocol.settings import ConfigError, load_settings
+from tests.task_refs import DIGITS
 
 
 def ones(n: int, size: int = 3) -> list[dict[str, np.ndarray]]:
@@ -167,7 +168,7 @@ def test_build_aggregator_binds_the_configured_parameters(name: str, expected: s
 
 
 def make_update(agent: str, round_number: int, samples: int, **payload: object) -> Update:
-    return Update(run_id="run", agent_id=agent, round=round_number, task="train", family=str(payload.pop("family", "cnn")),
+    return Update(run_id="run", agent_id=agent, round=round_number, task="train", task_ref=DIGITS, family=str(payload.pop("family", "cnn")),
                   base_digest=payload.pop("base", None), num_samples=samples, metrics=TrainMetrics(),  # type: ignore[arg-type]
                   **payload)  # type: ignore[arg-type]
 

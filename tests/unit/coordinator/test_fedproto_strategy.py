@@ -12,13 +12,14 @@ from coordinator.rejects import RejectedUpdate
 from coordinator.strategies import FedProto
 from coordinator.strategies.fedproto import aggregate_prototypes, report_drift
 from protocol.messages import TrainMetrics, Update
+from tests.task_refs import DIGITS
 
 CLASSES, DIM = 5, 4
 
 
 def proto_update(agent: str, prototypes: np.ndarray, counts: np.ndarray, family: str = "f",
                  base: str | None = None) -> Update:
-    return Update(run_id="r", agent_id=agent, round=1, task="train", family=family, base_digest=base,
+    return Update(run_id="r", agent_id=agent, round=1, task="train", task_ref=DIGITS, family=family, base_digest=base,
                   num_samples=int(counts.sum()), prototypes=prototypes.astype(np.float32),
                   prototype_counts=counts.astype(np.int64), metrics=TrainMetrics())
 
@@ -116,7 +117,7 @@ def test_updates_are_checked_against_the_global_prototypes() -> None:
         strategy.check_update(proto_update("a", ones, np.ones(CLASSES), base="0" * 32))
     with pytest.raises(RejectedUpdate, match="expected"):
         strategy.check_update(proto_update("a", np.ones((CLASSES, DIM + 1)), np.ones(CLASSES), base=digest))
-    missing = Update(run_id="r", agent_id="a", round=2, task="train", family="f", base_digest=digest, num_samples=1,
+    missing = Update(run_id="r", agent_id="a", round=2, task="train", task_ref=DIGITS, family="f", base_digest=digest, num_samples=1,
                      metrics=TrainMetrics())
     with pytest.raises(RejectedUpdate, match="missing_payload"):
         strategy.check_update(missing)

@@ -10,6 +10,7 @@ from coordinator.config import CoordinatorSettings
 from coordinator.rejects import RejectedUpdate
 from coordinator.strategies import FedProx, Scaffold, build_strategy
 from protocol.messages import TrainMetrics, Update
+from tests.task_refs import DIGITS
 
 
 def arrays(value: float) -> dict[str, np.ndarray]:
@@ -22,7 +23,7 @@ def control(value: float) -> dict[str, np.ndarray]:
 
 
 def scaffold_update(agent: str, samples: int, base: str | None, **payload: object) -> Update:
-    return Update(run_id="r", agent_id=agent, round=1, task="train", family="f", base_digest=base,
+    return Update(run_id="r", agent_id=agent, round=1, task="train", task_ref=DIGITS, family="f", base_digest=base,
                   num_samples=samples, metrics=TrainMetrics(), **payload)  # type: ignore[arg-type]
 
 

@@ -27,6 +27,7 @@ from coordinator.aggregators import Aggregator
 from coordinator.strategies import FedAvg, Scaffold
 from coordinator.strategies.base import Strategy
 from protocol.messages import TrainMetrics, Update
+from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import Clock, hello, make_engine, send
 from tests.unit.coordinator.test_engine import update as engine_update
 
@@ -93,7 +94,7 @@ def test_folding_refuses_a_second_layout_and_an_empty_round() -> None:
 
 
 def update(agent: str, samples: int, base: str | None, **payload: dict[str, np.ndarray]) -> Update:
-    return Update(run_id="r", agent_id=agent, round=1, task="train", family="f", base_digest=base, num_samples=samples,
+    return Update(run_id="r", agent_id=agent, round=1, task="train", task_ref=DIGITS, family="f", base_digest=base, num_samples=samples,
                   metrics=TrainMetrics(), **payload)
 
 
