@@ -18,6 +18,7 @@ from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, Train
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
+from tests.task_refs import DIGITS, layout
 
 TOPICS = Topics("t")
 
@@ -55,9 +56,10 @@ def make_engine(tmp_path: Path, clock: Clock, **overrides: object) -> tuple[Roun
     return engine, outbox, metrics
 
 
-def hello(engine: RoundEngine, agent_id: str, family: str = "f") -> None:
+def hello(engine: RoundEngine, agent_id: str, family: str = "f", model: str | None = None) -> None:
+    """``model``: the layout the agent reports; default: that of the ``weights`` it sends."""
     status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
-                         num_eval_samples=2, version="t", timestamp=0.0)
+                         num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=model or LAYOUT)
     engine.on_message(TOPICS.agent_status(agent_id), encode_message(status))
 
 
@@ -65,13 +67,17 @@ def weights(value: float) -> dict[str, np.ndarray]:
     return {"w": np.full((2, 3), value, dtype=np.float32), "b": np.full(3, value, dtype=np.float32)}
 
 
+LAYOUT = layout(weights(0.0))
+"""What every agent of these tests reports: the layout of the arrays it sends."""
+
+
 def update(engine: RoundEngine, agent_id: str, round_number: int, samples: int = 10, **payload: object) -> Update:
     announcement = decode_message(engine.outbox.last(TOPICS.rounds_current), RoundAnnouncement)  # type: ignore[attr-defined]
     ref = announcement.states.get("f")
     fields: dict[str, object] = {"weights": weights(1.0)} if ref is None else {"delta": weights(0.5)}
     fields.update(payload)
-    return Update(run_id=engine.run_id, agent_id=agent_id, round=round_number, task=announcement.task, family="f",
-                  base_digest=ref.digest if ref else None, num_samples=samples,
+    return Update(run_id=engine.run_id, agent_id=agent_id, round=round_number, task=announcement.task, task_ref=DIGITS,
+                  family="f", base_digest=ref.digest if ref else None, num_samples=samples,
                   metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2), **fields)
 
 
@@ -147,12 +153,17 @@ def test_a_bootstrap_layout_outvoted_by_the_majority_is_dropped(tmp_path: Path) 
     for agent_id in ("a", "b", "c"):
         hello(engine, agent_id)
     engine.tick()
+    # The agents' statuses pinned the family's layout, and the round announces it: an update of another
+    # layout is refused on arrival (the strategy's own majority vote is tested in test_streaming_rounds).
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).layouts == {"f": LAYOUT}
     send(engine, update(engine, "a", 1, weights={"w": np.zeros((3, 3), np.float32)}, samples=1000))  # first, odd
     send(engine, update(engine, "b", 1))
     send(engine, update(engine, "c", 1))
+    assert rejected(metrics, "task_mismatch") == 1
+    clock.now += 11  # a's answer never counted: the round closes at its deadline, with quorum
     engine.tick()
     assert engine.last_summary.outcome == "completed"
-    assert rejected(metrics, "bad_shape") == 1
+    assert rejected(metrics, "task_mismatch") == 1 and rejected(metrics, "bad_shape") == 0
     assert engine.strategy.states["f"].weights["w"].shape == (2, 3)
 
 

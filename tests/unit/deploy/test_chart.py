@@ -372,3 +372,23 @@ def test_the_packaged_chart_renders_like_the_directory(tmp_path: Path) -> None:
     with helm.Chart.load(CHART) as chart:
         directory = chart.render(values={"broker": {"password": "p"}}, name="fl", namespace=NAMESPACE)
     assert packaged == directory
+
+
+def test_a_plugin_tasks_card_is_mounted_and_named_in_the_config(tmp_path: Path) -> None:
+    from protocol.tasks import TaskCard
+
+    card = TaskCard(name="acme-defects", version="2.0", classes=("ok", "scratch", "dent"), families=("small", "large"),
+                    embedding_dim=32)
+    rendered = render({"coordinator": {"taskCard": json.loads(card.to_json())}})
+    data = rendered.get("ConfigMap", FULLNAME)["data"]
+    config = yaml.safe_load(data["coordinator.yaml"])
+    coordinator = container(rendered.get("Deployment", FULLNAME), "coordinator")
+    mounted = {m["mountPath"] for m in coordinator["volumeMounts"]}
+    assert config["task"] == "/etc/edgefl/task-card.json" and "/etc/edgefl" in mounted
+    assert TaskCard.model_validate_json(data["task-card.json"]) == card  # what the coordinator will read
+    (tmp_path / "task-card.json").write_text(data["task-card.json"])
+    config["task"] = str(tmp_path / "task-card.json")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    assert load_settings(CoordinatorSettings, tmp_path / "c.yaml").task_card() == card
+    default = render({}).get("ConfigMap", FULLNAME)["data"]
+    assert "task-card.json" not in default and "task" not in yaml.safe_load(default["coordinator.yaml"])
