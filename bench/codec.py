@@ -27,6 +27,7 @@ from timing import median_seconds
 
 from protocol.codec import decode
 from protocol.messages import TrainMetrics, Update
+from protocol.tasks import BUILTIN_CARDS
 from protocol.wire import decode_message, encode_message
 
 DECODE_GOAL = 1.0  # ours / pickle, decode time
@@ -54,8 +55,8 @@ def model_arrays(num_params: int, seed: int = 0) -> dict[str, np.ndarray]:
 
 def make_update(arrays: dict[str, np.ndarray]) -> Update:
     return Update(
-        run_id="bench", agent_id="agent-0", round=1, task="train", family="cnn", base_digest="0" * 32,
-        num_samples=1000, delta=arrays,
+        run_id="bench", agent_id="agent-0", round=1, task="train", task_ref=BUILTIN_CARDS["digits"].ref, family="cnn",
+        base_digest="0" * 32, num_samples=1000, delta=arrays,
         metrics=TrainMetrics(train_loss=0.5, train_accuracy=0.8, duration_s=12.5, steps=100),
     )
 

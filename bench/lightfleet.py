@@ -1,9 +1,10 @@
 """Lightweight, protocol-correct simulated agents for load tests: many per process, no torch.
 
 Each simulated agent does on the wire what ``edge_agent/agent.py`` does: a retained
-``AgentStatus`` (and heartbeats), the round announcement, the global state of its family, and
-an ``Update`` on ``updates/{id}/{round}`` with the round's run id, task and base digest:
-``weights`` when the family bootstraps, a ``delta`` afterwards, metrics only for ``evaluate``.
+``AgentStatus`` (and heartbeats) naming its task and the layout fingerprint of the arrays it
+sends, the round announcement, the global state of its family, and an ``Update`` on
+``updates/{id}/{round}`` with the round's run id, task and base digest: ``weights`` when the
+family bootstraps, a ``delta`` afterwards, metrics only for ``evaluate``.
 
 Why not one MQTT connection per agent: 10,000 paho clients (threads, sockets) would swamp a
 small machine and measure the fleet, not the coordinator. One subscriber hears the
@@ -32,11 +33,21 @@ import numpy as np
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
+from protocol.arrays import layout_of
 from protocol.chunking import Reassembler, receive
 from protocol.errors import ProtocolError
 from protocol.limits import DEFAULT_LIMITS, DecodeLimits
-from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.messages import (
+    AgentStatus,
+    CoordinatorStatus,
+    GlobalState,
+    RoundAnnouncement,
+    TaskRef,
+    TrainMetrics,
+    Update,
+)
 from protocol.mqtt import BrokerAddress
+from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
 from protocol.trust import OPEN, decode_trusted
 from protocol.version import SOFTWARE_VERSION
@@ -161,14 +172,23 @@ class FleetStats:
 
 
 class LightFleet:
-    """``count`` simulated agents of one model family in this process, on ``publishers`` connections."""
+    """``count`` simulated agents of one model family in this process, on ``publishers`` connections.
+
+    They say they run ``task`` (the coordinator's default, digits, unless told another); its real
+    models are not what they send, but the coordinator checks only that a family's updates have
+    the layout its agents report.
+    """
 
     def __init__(self, url: str, federation: str, count: int, num_params: int, *, family: str = "bench",
-                 publishers: int = 4, heartbeat_s: float = 30.0, seed: int = 0) -> None:
+                 task: TaskRef = BUILTIN_CARDS["digits"].ref, publishers: int = 4, heartbeat_s: float = 30.0,
+                 seed: int = 0) -> None:
         self.address = BrokerAddress.parse(url)
         self.topics = Topics(federation)
         self.ids = agent_ids(count)
         self.layout = model_layout(num_params)
+        self.fingerprint = layout_fingerprint(layout_of({n: np.zeros(s, np.float32) for n, s in self.layout.items()}))
+        """The layout fingerprint of the arrays the agents send, as their statuses report it."""
+        self.task = task
         self.family = family
         self.heartbeat_s = heartbeat_s
         self.seed = seed
@@ -225,7 +245,8 @@ class LightFleet:
     def _status(self, agent_id: str, index: int) -> bytes:
         return encode_message(AgentStatus(
             agent_id=agent_id, state="online", device="cpu", family=self.family, num_samples=100 + index % 50,
-            num_eval_samples=20, version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session))
+            num_eval_samples=20, version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session,
+            task_ref=self.task, layout=self.fingerprint))
 
     def _heartbeats(self, publisher: Publisher) -> None:
         for i, agent_id in enumerate(self.share[publisher.name]):
@@ -293,7 +314,7 @@ class LightFleet:
         """One encoded update per variant, with the placeholder agent id ``self.ids[0]``'s length."""
         rng = np.random.default_rng([self.seed, ann.round])
         common = dict(run_id=ann.run_id, agent_id=_placeholder(self.ids[0]), round=ann.round, task=ann.task,
-                      family=self.family, base_digest=state.digest if state is not None else None)
+                      task_ref=self.task, family=self.family, base_digest=state.digest if state is not None else None)
         eval_metrics = dict(eval_loss=0.5, eval_accuracy=0.5, num_eval_samples=20)
         out = []
         for variant in range(VARIANTS):

@@ -46,10 +46,11 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from coordinator.config import CoordinatorSettings
 from edge_agent.config import AgentSettings
-from edge_agent.data.datasets import Dataset, load_dataset
+from edge_agent.data.datasets import Dataset
 from edge_agent.data.partition import make_partition
-from edge_agent.models import build_model
 from edge_agent.privacy.dp_training import RoundShape
+from edge_agent.tasks.registry import resolve_task
+from edge_agent.tasks.splits import pool_and_test
 from edge_agent.training import evaluate
 from launcher.broker import MosquittoBroker
 from launcher.evaluate import score_weights
@@ -59,6 +60,7 @@ GOAL_POINTS = 5.0
 GOAL_EPSILON = 8.0
 DELTA = 1e-5
 AGENTS = 10
+TASK = resolve_task("digits")
 FAMILY = "mlp_tiny"
 BATCH = 64
 """Per agent: ~144 records, so each step samples ~44% of them."""
@@ -136,7 +138,7 @@ def run_central(pool: Dataset, shares: list[np.ndarray], epsilon: float | None, 
     steps = RoundShape.of(round(float(np.mean([len(s) for s in shares]))), BATCH, 1).steps
     batch = math.ceil(len(y) / steps)
     torch.manual_seed(seed)
-    model = build_model(FAMILY, pool.in_shape, pool.num_classes, seed=0)
+    model = TASK.build_model(FAMILY, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate(epsilon), momentum=MOMENTUM)
     loader = DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
     engine = None
@@ -159,7 +161,7 @@ def run_central(pool: Dataset, shares: list[np.ndarray], epsilon: float | None, 
 
 
 def accuracy(model: torch.nn.Module, test: Dataset) -> float:
-    return evaluate(model, test, torch.device("cpu")).accuracy  # type: ignore[arg-type]
+    return evaluate(model, test, torch.device("cpu"), TASK.objective).accuracy  # type: ignore[arg-type, return-value]
 
 
 def measure(broker_url: str, epsilon: float | None, rounds: int, repeats: int, workdir: Path, pool: Dataset,
@@ -169,7 +171,7 @@ def measure(broker_url: str, epsilon: float | None, rounds: int, repeats: int, w
     for repetition in range(repeats):  # DP noise differs every run: one run is one draw
         weights, reported, sigma = run_federated(broker_url, epsilon, rounds, workdir, repetition)
         central, central_epsilon, central_sigma = run_central(pool, shares, epsilon, rounds, seed=repetition)
-        result.federated.append(score_weights(FAMILY, weights, test).accuracy)
+        result.federated.append(score_weights(FAMILY, weights, test, TASK).accuracy)  # type: ignore[arg-type]
         result.central.append(accuracy(central, test))
         if reported is not None:
             result.agent_epsilon = max(reported, result.agent_epsilon or 0.0)
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"privacy benchmark: python {platform.python_version()}, torch {torch.__version__}, "
           f"opacus {opacus.__version__}, {platform.machine()}; {rounds} rounds, {repeats} run(s) each, epsilons "
           + ", ".join("none" if e is None else f"{e:g}" for e in epsilons), flush=True)
-    pool, test = load_dataset("digits", seed=DATA_SEED)
+    pool, test = pool_and_test(TASK, seed=DATA_SEED)
     shares = agent_shares(pool)
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="fl-privacy-bench-") as tmp:

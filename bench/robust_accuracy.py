@@ -21,7 +21,9 @@ import torch
 from coordinator.config import CoordinatorSettings
 from edge_agent.attacks import DEFAULT_SCALE, DEFAULT_Z, InProcessCollusion
 from edge_agent.config import AgentSettings
-from edge_agent.data.datasets import Dataset, load_dataset
+from edge_agent.data.datasets import Dataset
+from edge_agent.tasks.registry import resolve_task
+from edge_agent.tasks.splits import pool_and_test
 from launcher.broker import MosquittoBroker
 from launcher.evaluate import score_weights
 from launcher.inprocess import run_federation
@@ -136,7 +138,7 @@ def run_cell(plan: Plan, broker_url: str, workdir: Path, attack: str, attackers:
     accuracy = None
     if states:
         (family, state), = states.items()
-        accuracy = score_weights(family, state.weights, test_set).accuracy
+        accuracy = score_weights(family, state.weights, test_set, resolve_task("digits")).accuracy
     admitted = sum(1 for agent in result.agents if agent.worker.attack is not None)
     return Cell(attack, attackers, aggregator, accuracy,
                 sum(1 for s in result.history if s.outcome == "completed"),
@@ -147,7 +149,7 @@ def run_cell(plan: Plan, broker_url: str, workdir: Path, attack: str, attackers:
 def run_accuracy(plan: Plan, progress: bool = True) -> list[Cell]:
     logging.getLogger().setLevel(logging.ERROR)  # the attackers' start-up banners would flood the table
     torch.set_num_threads(1)
-    _, test_set = load_dataset("digits")
+    _, test_set = pool_and_test(resolve_task("digits"))
     cells: list[Cell] = []
     with tempfile.TemporaryDirectory() as tmp, MosquittoBroker(workdir=Path(tmp) / "broker") as broker:
         for attack, attackers, aggregator in plan.cells():

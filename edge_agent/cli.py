@@ -68,7 +68,7 @@ def tasks(
     header = ("TASK", "VERSION", "CLASSES", "FAMILIES", "FROM")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for row in [header, *rows]:
-        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
+        typer.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4])
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Device profiles: what each class of device trains, and how."""
+"""Device profiles: how each class of device trains (what it trains is its task's choice:
+``Task.device_families`` maps a profile to a model family)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import torch
 @dataclass(frozen=True)
 class DeviceProfile:
     name: str
-    family: str
     batch_size: int
     threads: int
     """torch intra-op threads; 0 keeps torch's default."""
@@ -25,10 +25,10 @@ class DeviceProfile:
 
 
 PROFILES: dict[str, DeviceProfile] = {
-    "jetson": DeviceProfile("jetson", "cnn_large", batch_size=64, threads=4, accelerator="cuda"),
-    "rpi": DeviceProfile("rpi", "cnn_small", batch_size=32, threads=2, accelerator="cpu"),
-    "phone": DeviceProfile("phone", "mlp_tiny", batch_size=16, threads=1, accelerator="cpu"),
-    "cpu": DeviceProfile("cpu", "cnn_large", batch_size=64, threads=0, accelerator="cpu"),
+    "jetson": DeviceProfile("jetson", batch_size=64, threads=4, accelerator="cuda"),
+    "rpi": DeviceProfile("rpi", batch_size=32, threads=2, accelerator="cpu"),
+    "phone": DeviceProfile("phone", batch_size=16, threads=1, accelerator="cpu"),
+    "cpu": DeviceProfile("cpu", batch_size=64, threads=0, accelerator="cpu"),
 }
 
 

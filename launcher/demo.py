@@ -27,7 +27,7 @@ from edge_agent.stragglers import parse_delay
 from launcher import report
 from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoBroker
 from launcher.evaluate import CentralEvaluation, central_evaluation
-from launcher.fleet import DEVICES, FAMILY_OF, Fleet, FleetSpec, default_fleet
+from launcher.fleet import DEVICES, Fleet, FleetSpec, default_fleet
 from launcher.progress import ProgressView, fmt_accuracy, human_bytes, read_rounds
 
 # Tuned on a 2-core machine (6 agents, Dirichlet alpha=1.0, digits, seed 0):
@@ -230,8 +230,8 @@ def _finish(config: DemoConfig, fleet: Fleet, spec: FleetSpec, run_dir: Path, re
         reason = "no training round completed"
     evaluation = None
     try:
-        evaluation = central_evaluation(fleet.coordinator_dir, [a.family for a in spec.agents],
-                                        data=spec.data, data_seed=spec.data_seed)
+        evaluation = central_evaluation(fleet.coordinator_dir, [spec.family_of(a) for a in spec.agents],
+                                        task=spec.task, data=spec.data, data_seed=spec.data_seed)
     except Exception as exc:  # noqa: BLE001 - report what we have
         console.print(f"[red]central evaluation failed: {exc}[/]")
     if not reason and evaluation is not None and (evaluation.overall_accuracy or 0.0) < config.min_accuracy:
@@ -327,8 +327,10 @@ def demo(
 ) -> None:
     """Run a federated training demo on this machine and write a report."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from edge_agent.profiles import PROFILES  # the devices agents know (loads torch, as the evaluation will)
+
     kinds = [d.strip() for d in devices.split(",") if d.strip()]
-    unknown = sorted(set(kinds) - set(FAMILY_OF))
+    unknown = sorted(set(kinds) - set(PROFILES))
     if unknown or not kinds:
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
     try:

@@ -1,7 +1,7 @@
 """Central evaluation after a run: each family's final global model on the held-back test set.
 
 The agents only ever see their partitions of the training pool; the test split that
-``load_dataset`` returns next to it is touched by no one during the run, so this is the
+``pool_and_test`` returns next to it is touched by no one during the run, so this is the
 honest number to quote.
 """
 
@@ -19,13 +19,15 @@ if TYPE_CHECKING:
     import numpy as np
 
     from edge_agent.data.datasets import Dataset
+    from edge_agent.tasks.base import Task
     from edge_agent.training import EvalResult
 
 
 @dataclass(frozen=True)
 class FamilyEvaluation:
     family: str
-    accuracy: float
+    accuracy: float | None
+    """None for a task that reports no accuracy (regression)."""
     loss: float
     agents: int
     """Agents of the fleet that train this family (the weight in the overall figure)."""
@@ -62,35 +64,37 @@ def load_family_weights(state_dir: Path) -> dict[str, tuple[int, dict[str, Any]]
     return {name: (int(state["round"]), state["weights"]) for name, state in families.items() if state["weights"]}
 
 
-def score_weights(family: str, weights: Mapping[str, np.ndarray], test: Dataset) -> EvalResult:
-    """``family``'s model holding ``weights``, scored (accuracy and loss) on ``test`` on the CPU."""
+def score_weights(family: str, weights: Mapping[str, np.ndarray], test: Dataset, task: Task) -> EvalResult:
+    """``task``'s ``family`` model holding ``weights``, scored by the task's loss and metrics on ``test`` on the CPU."""
     import torch  # only here: the launcher's other parts stay light
 
-    from edge_agent.models import build_model
     from edge_agent.training import evaluate
     from edge_agent.weights import set_arrays
 
-    model = build_model(family, test.in_shape, test.num_classes, seed=0)  # the seed is overwritten below
+    model = task.build_model(family, seed=0)  # the seed is overwritten below
     set_arrays(model, weights)
-    return evaluate(model, test, torch.device("cpu"))
+    return evaluate(model, test, torch.device("cpu"), task.objective)
 
 
-def central_evaluation(state_dir: Path, agent_families: list[str], *, data: str = "digits",
+def central_evaluation(state_dir: Path, agent_families: list[str], *, task: str = "digits", data: str | None = None,
                        data_seed: int = 0) -> CentralEvaluation:
-    """Evaluate every family's global model from ``state_dir`` on the test split of ``data``.
+    """Evaluate every family's global model from ``state_dir`` on the test split of ``task``'s ``data``
+    (default: the task's built-in set).
 
     ``agent_families`` lists each agent's family (one entry per agent) for the overall figure.
     """
-    from edge_agent.data.datasets import load_dataset
+    from edge_agent.tasks.registry import resolve_task
+    from edge_agent.tasks.splits import pool_and_test
 
-    _, test = load_dataset(data, seed=data_seed)
+    run_task = resolve_task(task)
+    _, test = pool_and_test(run_task, data, data_seed)
     counts = Counter(agent_families)
     results: dict[str, FamilyEvaluation] = {}
     for family, (round_number, weights) in sorted(load_family_weights(state_dir).items()):
-        scored = score_weights(family, weights, test)
+        scored = score_weights(family, weights, test, run_task)
         results[family] = FamilyEvaluation(family, scored.accuracy, scored.loss, counts.get(family, 0),
                                            max(round_number - 1, 0))
-    weighted = [(r.accuracy, r.agents) for r in results.values() if r.agents]
+    weighted = [(r.accuracy, r.agents) for r in results.values() if r.agents and r.accuracy is not None]
     total_agents = sum(counts.values())
     missing = sorted(set(counts) - set(results))
     # A family without a model scores nothing for its agents: count them as 0, not silently skip them.

@@ -3,25 +3,28 @@
 Each process runs its package's CLI (``python -m coordinator run``, ``python -m edge_agent run``)
 with settings passed as ``--flags``, has its own state directory under the run directory, and
 logs to a file there. Nothing here imports the coordinator or the agent: they only meet on
-the broker, as they would on real devices.
+the broker, as they would on real devices (only ``FleetSpec.family_of``, for reports after a
+run, loads the task's code).
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from protocol.tasks import BUILTIN_CARDS
+
 DEVICES = ("jetson", "rpi", "phone")
-FAMILY_OF = {"jetson": "cnn_large", "rpi": "cnn_small", "phone": "mlp_tiny", "cpu": "cnn_large"}
 
 
 @dataclass(frozen=True)
@@ -33,15 +36,15 @@ class AgentSpec:
     settings: Mapping[str, Any] = field(default_factory=dict)
     """Edge-agent settings for this agent alone (e.g. a straggler delay); they win over the fleet's."""
 
-    @property
-    def family(self) -> str:
-        return FAMILY_OF[self.device]
-
 
 @dataclass
 class FleetSpec:
     agents: list[AgentSpec]
-    data: str = "digits"
+    task: str = "digits"
+    """The agents' task (an installed task's name or package.module:attr); the coordinator's too, unless its
+    settings name one (a built-in task is known by name, another by a card that ``Fleet.start`` writes)."""
+    data: str | None = None
+    """The agents' data source, as their task reads it; None: the task's built-in set."""
     partition: str = "dirichlet"
     alpha: float = 1.0
     data_seed: int = 0
@@ -49,6 +52,21 @@ class FleetSpec:
     """torch threads per agent: several agents share few cores, so more only thrashes."""
     agent_settings: dict[str, Any] = field(default_factory=dict)
     """Further edge-agent settings (field name -> value), passed as flags."""
+
+    def family_of(self, agent: AgentSpec) -> str:
+        """The model family ``agent`` trains: its ``family`` setting, else the one its task gives its device.
+
+        Loads the task's code (and torch): for reports after a run, not needed to start one.
+        """
+        settings = {**self.agent_settings, **agent.settings}
+        return settings.get("family") or _device_families(settings.get("task", self.task))(agent.device)
+
+
+@functools.cache
+def _device_families(task: str) -> Callable[[str], str]:
+    from edge_agent.tasks.registry import resolve_task
+
+    return resolve_task(task).family_for
 
 
 def default_fleet(count: int, devices: Iterable[str] = DEVICES) -> list[AgentSpec]:
@@ -160,6 +178,7 @@ class Fleet:
         self.python = python
         self.coordinator_settings: dict[str, Any] = {
             "federation": federation, "broker_url": broker_url, "state_dir": self.coordinator_dir,
+            "task": spec.task if spec.task in BUILTIN_CARDS else self.task_card,
             "http_host": "127.0.0.1", "http_port": 0,  # port 0: several demos may run side by side
             "exit_when_finished": True, **coordinator_settings,
         }
@@ -189,6 +208,11 @@ class Fleet:
         return self.coordinator_dir / "rounds.jsonl"
 
     @property
+    def task_card(self) -> Path:
+        """Where ``start`` writes the card of an agents' task that is not built in, for the coordinator."""
+        return self.coordinator_dir / "task-card.json"
+
+    @property
     def http_port(self) -> int | None:
         """The coordinator's /metrics port, if its settings name one (0: it picks a free one itself)."""
         return int(self.coordinator_settings["http_port"]) or None
@@ -199,7 +223,7 @@ class Fleet:
         shared = s.partition == "none" or len(s.agents) == 1  # every agent trains on the whole pool
         merged = {
             "federation": self.federation, "broker_url": self.broker_url, "device": agent.device,
-            "agent_id": agent.name, "state_dir": self.agent_dir(agent.name), "data": s.data,
+            "agent_id": agent.name, "state_dir": self.agent_dir(agent.name), "task": s.task, "data": s.data,
             "partition": "none" if shared else s.partition,
             "num_partitions": 1 if shared else len(s.agents),
             "partition_index": 0 if shared else agent.partition_index,
@@ -216,6 +240,8 @@ class Fleet:
         """Enroll the agents, as an operator would; then the coordinator first, so its retained status
         and first round wait for agents as they come."""
         self.enroll()
+        if self.coordinator_settings["task"] == self.task_card:
+            self.write_task_card()
         self.coordinator.start()
         for agent in self.agents.values():
             agent.start()
@@ -233,6 +259,16 @@ class Fleet:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"enrolling the fleet failed: {done.stdout}{done.stderr}"[-2000:])
+
+    def write_task_card(self) -> None:
+        """The card of the agents' task (``edge-agent tasks --card``), that the coordinator knows it by;
+        written by the agents' CLI in their environment, since the task's code is theirs."""
+        argv = [self.python, "-m", "edge_agent", "tasks", "--card", self.spec.task]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False, env=self.coordinator.env)
+        if done.returncode != 0:
+            raise RuntimeError(f"writing the card of task {self.spec.task!r} failed: {done.stdout}{done.stderr}"[-2000:])
+        self.task_card.parent.mkdir(parents=True, exist_ok=True)
+        self.task_card.write_text(done.stdout)
 
     def __enter__(self) -> Fleet:
         return self.start()

@@ -25,6 +25,7 @@ from edge_agent.attacks import Collusion
 from edge_agent.bootstrap import build_agent
 from edge_agent.config import AgentSettings
 from edge_agent.state import AgentStateDir
+from edge_agent.tasks.registry import resolve_task
 from protocol.signing import SigningKey
 
 
@@ -60,8 +61,9 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
             on_round_closed(summary, engine)
 
         engine.on_round_closed = observe
-    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False, collusion=collusion)
-             for a in agents]
+    tasks = {name: resolve_task(name) for name in {a.task for a in agents}}  # once, not once per agent
+    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False, collusion=collusion,
+                         task=tasks[a.task]) for a in agents]
     stop = threading.Event()
     started = time.perf_counter()
     coordinator_thread = threading.Thread(target=service.run, args=(stop,), name="coordinator", daemon=True)

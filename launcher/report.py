@@ -33,10 +33,11 @@ def label_skew(spec: FleetSpec) -> list[dict[str, Any]]:
     """
     import numpy as np
 
-    from edge_agent.data.datasets import load_dataset
     from edge_agent.data.partition import make_partition, summarize
+    from edge_agent.tasks.registry import resolve_task
+    from edge_agent.tasks.splits import pool_and_test
 
-    pool, _ = load_dataset(spec.data, seed=spec.data_seed)
+    pool, _ = pool_and_test(resolve_task(spec.task), spec.data, spec.data_seed)
     n = len(spec.agents)
     if spec.partition == "none" or n == 1:
         parts = [np.arange(len(pool))] * n
@@ -51,7 +52,7 @@ def label_skew(spec: FleetSpec) -> list[dict[str, Any]]:
     for agent in spec.agents:
         index = agent.partition_index if spec.partition != "none" and n > 1 else 0
         row = by_index[index]
-        out.append({"agent": agent.name, "device": agent.device, "family": agent.family, "partition": index,
+        out.append({"agent": agent.name, "device": agent.device, "family": spec.family_of(agent), "partition": index,
                     "samples": row.samples, "classes": row.classes, "kl_divergence": round(row.kl_divergence, 4)})
     return out
 
@@ -117,9 +118,9 @@ def central_table(evaluation: CentralEvaluation) -> Table:
                             ("accuracy", "right"), ("loss", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for family in evaluation.families.values():
-        style = "green" if family.accuracy >= 0.95 else "yellow"
+        style = "green" if (family.accuracy or 0.0) >= 0.95 else "yellow"
         table.add_row(family.family, str(family.agents), str(family.trained_rounds),
-                      Text(f"{family.accuracy:.2%}", style=style), f"{family.loss:.3f}")
+                      Text(fmt_accuracy(family.accuracy), style=style), f"{family.loss:.3f}")
     for name in evaluation.missing:
         table.add_row(name, "-", "0", Text("no model", style="red"), "-")
     table.add_row(Text("overall (mean over agents)", style="bold"), "", "",
@@ -179,8 +180,9 @@ def plot(rounds: list[RoundSummary], path: Path, evaluation: CentralEvaluation |
     for family in sorted({f for r in rounds for f in r.families}):
         pts = [(r.round, r.families[family].accuracy) for r in trained if family in r.families]
         (line,) = acc_ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", label=family, alpha=0.8)
-        if evaluation is not None and family in evaluation.families and trained:
-            acc_ax.scatter([trained[-1].round + 1], [evaluation.families[family].accuracy], marker="*", s=90,
+        final = evaluation.families.get(family) if evaluation is not None else None
+        if final is not None and final.accuracy is not None and trained:
+            acc_ax.scatter([trained[-1].round + 1], [final.accuracy], marker="*", s=90,
                            color=line.get_color())
     acc_ax.axhline(0.95, color="grey", linestyle=":", linewidth=1)
     acc_ax.set_ylabel("held-out accuracy")

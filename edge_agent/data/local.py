@@ -53,6 +53,9 @@ def build_local_data(task: Task, data: str | None = None, *, eval_data: str | No
         if pool.num_classes:
             rows = summarize(pool.y, parts, pool.num_classes)
             log.info("label skew of the %s partition (%d clients):\n%s", partition, num_partitions, format_summary(rows))
+            row = rows[partition_index]
+            log.info("this agent holds partition %d: %d samples, %d classes, KL to global %.3f",
+                     partition_index, row.samples, row.classes, row.kl_divergence)
         mine = pool.subset(parts[partition_index], f"{pool.name}[{partition_index}]")
     if eval_data is not None:
         held_out = task.load(eval_data, context)

@@ -13,8 +13,9 @@ def pool_and_test(task: Task, data: str | None = None, seed: int = 0) -> tuple[D
     if source is None:
         raise ValueError(f"task {task.card.ref} has no built-in data set to simulate a fleet with")
     context = DataContext(classes=tuple(task.classes), seed=seed)
+    pool = task.load(source, context)  # a missing package or file says so here, in its own words
     try:
         test = task.load(f"{source}:test", context)
     except ValueError as exc:
         raise ValueError(f"data {source!r} has no test split ({source}:test) to score on: {exc}") from None
-    return task.load(source, context), test
+    return pool, test

@@ -55,6 +55,7 @@ from tests.integration.wire import (
     wait_for_rounds,
     wait_until,
 )
+from tests.task_refs import DIGITS, family_layout, family_layouts
 from tests.tls import TestCA
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(500)]
@@ -63,6 +64,8 @@ FEDERATION = "attacked"
 ROUNDS = 3
 AGENTS = [AgentSpec("phone-0", "phone", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
 TOPICS = Topics(FEDERATION)
+FAMILIES = ("mlp_tiny", "cnn_small")
+"""The digits task's families of the phones and the Raspberry Pi."""
 
 
 @dataclass
@@ -168,10 +171,11 @@ def plant_forgeries(attacker: Attacker) -> None:
         federation=FEDERATION, run_id="forged", session="forged", state="finished", round=99, algorithm="fedavg",
         version="0", timestamp=now), retain=True)
     attacker.both(TOPICS.rounds_current, RoundAnnouncement(
-        run_id="forged", round=999, task="train", algorithm="fedavg",
+        run_id="forged", round=999, task="train", task_ref=DIGITS, layouts=family_layouts(FAMILIES),
+        algorithm="fedavg",
         training=LocalTraining(epochs=50, learning_rate=10.0), selected=[a.name for a in AGENTS], states={},
         init_seed=1, issued_at=now, deadline_s=3600.0, last_round=999), retain=True)
-    for family in ("mlp_tiny", "cnn_small"):
+    for family in FAMILIES:
         weights = {"w": np.full(4, 1e6, dtype=np.float32)}
         attacker.both(TOPICS.global_state(family, 9_999_999), GlobalState(
             run_id="forged", family=family, round=9_999_999, weights=weights,
@@ -182,16 +186,18 @@ def flood_statuses(attacker: Attacker, count: int) -> None:
     """Made-up agents, and the attacker's own status (its only topic on the secured broker)."""
     for agent_id in [f"sybil-{i:05d}" for i in range(count)] + ["mallory"]:
         status = AgentStatus(agent_id=agent_id, state="online", device="phone", family="mlp_tiny", num_samples=10**6,
-                             num_eval_samples=1, version="0", timestamp=time.time())
+                             num_eval_samples=1, version="0", timestamp=time.time(), task_ref=DIGITS,
+                             layout=family_layout("mlp_tiny"))
         attacker.both(TOPICS.agent_status(agent_id), status)
 
 
 def forge_updates(attacker: Attacker, announcement: RoundAnnouncement) -> None:
     """In phone-0's name: weight 10^9 and values 1e30; and the attacker's own, on its own topic."""
     for agent_id in ("phone-0", "mallory"):
+        weights = {"w": np.full(4, 1e30, dtype=np.float32)}
         update = Update(run_id=announcement.run_id, agent_id=agent_id, round=announcement.round, task="train",
-                        family="mlp_tiny", base_digest=None, num_samples=10**9,
-                        weights={"w": np.full(4, 1e30, dtype=np.float32)}, metrics=TrainMetrics())
+                        task_ref=DIGITS, family="mlp_tiny", base_digest=None, num_samples=10**9, weights=weights,
+                        metrics=TrainMetrics())
         attacker.both(TOPICS.update(agent_id, announcement.round), update)
 
 

@@ -31,6 +31,7 @@ from protocol.messages import AgentStatus
 from protocol.topics import Topics
 from protocol.wire import encode_message
 from tests.chart import FULLNAME, render
+from tests.task_refs import DIGITS
 
 pytestmark = pytest.mark.integration
 
@@ -166,7 +167,8 @@ def run_scenario(tmp_path: Path, settings: str) -> Outcome:
             for i, agent_id in enumerate(agent_ids):
                 publisher = publishers[i % PUBLISHERS]
                 status = AgentStatus(agent_id=agent_id, state="online", device="rpi4", family="cnn_small",
-                                     num_samples=100, num_eval_samples=10, version="test", timestamp=time.time())
+                                     num_samples=100, num_eval_samples=10, version="test", timestamp=time.time(),
+                                     task_ref=DIGITS, layout="0" * 32)
                 infos.append(publisher.publish(topics.agent_status(agent_id), encode_message(status), retain=True))
                 update = os.urandom(UPDATE_BYTES)
                 sent[agent_id] = hashlib.sha256(update).hexdigest()

@@ -90,4 +90,4 @@ def test_fedproto_fleet_publishes_only_prototypes(tmp_path: Path, mosquitto: Mos
 
     # The personal models stayed on the devices.
     for agent in agents:
-        assert len(list(fleet.agent_dir(agent.name).glob(f"fedproto-*-{agent.family}.msgpack"))) == 1
+        assert len(list(fleet.agent_dir(agent.name).glob(f"fedproto-*-{spec.family_of(agent)}.msgpack"))) == 1

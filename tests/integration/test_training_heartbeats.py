@@ -35,7 +35,7 @@ from protocol.signing import SigningKey
 from protocol.topics import Topics
 from protocol.wire import encode_message
 from tests.integration.wire import WireRecorder, decode_wire, read_rounds, wait_until
-from tests.unit.edge_agent.rounds import AGENT, announce, digits_subset
+from tests.unit.edge_agent.rounds import AGENT, TASK, announce, digits_subset
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ class GatedWorker(LocalWorker):
     reads made by another thread while it trains (the heartbeat must not read the ledger training changes)."""
 
     def __init__(self, state_dir: Path) -> None:
-        super().__init__(AGENT, "mlp_tiny", digits_subset(), torch.device("cpu"), batch_size=16,
+        super().__init__(AGENT, TASK, "mlp_tiny", digits_subset(), torch.device("cpu"), batch_size=16,
                          state=AgentStateDir(state_dir))
         self.gate: Callable[[int], None] = lambda round_number: None
         self.trained: list[int] = []

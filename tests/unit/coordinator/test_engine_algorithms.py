@@ -8,13 +8,15 @@ import numpy as np
 
 from coordinator.engine import RoundEngine
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.tasks import BUILTIN_CARDS
 from protocol.wire import decode_message, encode_message
-from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine, rejected, weights
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, make_engine, rejected, weights
 
 
 def hello(engine: RoundEngine, agent_id: str, family: str) -> None:
     status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
-                         num_eval_samples=2, version="t", timestamp=0.0)
+                         num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
     engine.on_message(TOPICS.agent_status(agent_id), encode_message(status))
 
 
@@ -25,8 +27,8 @@ def current(engine: RoundEngine) -> RoundAnnouncement:
 def send(engine: RoundEngine, agent_id: str, family: str, **payload: object) -> None:
     announcement = current(engine)
     ref = announcement.states.get(family)
-    update = Update(run_id=engine.run_id, agent_id=agent_id, round=announcement.round, task="train", family=family,
-                    base_digest=ref.digest if ref else None, num_samples=10, metrics=TrainMetrics(),
+    update = Update(run_id=engine.run_id, agent_id=agent_id, round=announcement.round, task="train", task_ref=DIGITS,
+                    family=family, base_digest=ref.digest if ref else None, num_samples=10, metrics=TrainMetrics(),
                     **payload)  # type: ignore[arg-type]
     engine.on_message(TOPICS.update(agent_id, announcement.round), encode_message(update))
 
@@ -56,17 +58,26 @@ def test_fedproto_announces_its_parameters_and_publishes_prototypes_to_every_fam
         hello(engine, agent_id, family)
     engine.tick()
     assert current(engine).params == {"lambda": 0.5, "normalize": True}
-    protos = np.eye(3, 4, dtype=np.float32)
-    send(engine, "a", "cnn_large", prototypes=protos, prototype_counts=np.array([2, 0, 1]))
+    card = BUILTIN_CARDS["digits"]
+    protos = np.eye(card.num_classes, card.embedding_dim, dtype=np.float32)  # type: ignore[arg-type]
+
+    def counts(*first: int) -> np.ndarray:  # samples of the first classes; none of the others
+        return np.array([*first] + [0] * (card.num_classes - len(first)))
+
+    send(engine, "a", "cnn_large", prototypes=protos, prototype_counts=counts(2, 0, 1))
     send(engine, "b", "mlp_tiny", delta=weights(0.5))  # not what fedproto asks for
-    send(engine, "b", "mlp_tiny", prototypes=protos, prototype_counts=np.array([0, 3, 0]))
-    send(engine, "c", "cnn_small", prototypes=protos[:, :2].copy(), prototype_counts=np.array([1, 1, 1]))
+    send(engine, "b", "mlp_tiny", prototypes=protos, prototype_counts=counts(0, 3, 0))
+    send(engine, "c", "cnn_small", prototypes=protos[:, :2].copy(), prototype_counts=counts(1, 1, 1))
     assert rejected(metrics, "missing_payload") == 1 and rejected(metrics, "bad_shape") == 0
+    # c's [10, 2] is not the task's [classes, embedding_dim]: refused on arrival, never in the bootstrap
+    # vote (the strategy's own vote is tested in test_fedproto_strategy).
+    assert rejected(metrics, "task_mismatch") == 1
+    clock.now += 11  # c's answer never counted: the round closes at its deadline, with quorum
     engine.tick()
-    assert rejected(metrics, "bad_shape") == 1  # c's [3, 2] lost the bootstrap vote to [3, 4]
+    assert engine.last_summary.outcome == "completed" and rejected(metrics, "bad_shape") == 0
     engine.tick()
     states = [decode_message(outbox.last(TOPICS.global_state(f, 2)), GlobalState)
               for f in ("cnn_large", "cnn_small", "mlp_tiny")]
     assert len({s.digest for s in states}) == 1 and not any(s.weights for s in states)
-    assert states[0].prototype_counts.tolist() == [2, 3, 1]  # type: ignore[union-attr]
+    assert states[0].prototype_counts.tolist() == counts(2, 3, 1).tolist()  # type: ignore[union-attr]
     assert sorted(current(engine).states) == ["cnn_large", "cnn_small", "mlp_tiny"]

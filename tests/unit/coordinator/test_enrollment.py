@@ -11,14 +11,15 @@ from coordinator.rounds import RoundSummary
 from protocol.messages import AgentStatus
 from protocol.signing import SigningKey
 from protocol.wire import encode_message
-from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine, update, weights
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, make_engine, update, weights
 
 KEYS = {name: SigningKey.generate() for name in ("a", "b", "c", "mallory")}
 
 
 def signed_status(agent_id: str, key: SigningKey) -> bytes:
     status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family="f", num_samples=10,
-                         num_eval_samples=2, version="t", timestamp=0.0)
+                         num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
     return encode_message(key.seal(encode_message(status)))
 
 
@@ -37,7 +38,7 @@ def test_only_enrolled_agents_by_their_own_keys_enter_the_registry(tmp_path: Pat
     engine.on_message(TOPICS.agent_status("a"), signed_status("a", KEYS["mallory"]))
     engine.on_message(TOPICS.agent_status("x"), encode_message(AgentStatus(
         agent_id="x", state="online", device="rpi", family="f", num_samples=1, num_eval_samples=1, version="t",
-        timestamp=0.0)))
+        timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)))
     engine.on_message(TOPICS.agent_status("b"), signed_status("a", KEYS["a"]))  # a's status replayed as b's
     assert engine.registry.get("a") is not None and engine.registry.get("b") is None
     assert rejected(metrics, "agent_status", "unknown_signer") == 2

@@ -11,12 +11,13 @@ from coordinator.registry import AgentRegistry, RegistryFull
 from coordinator.selection import plan_selection
 from protocol.messages import MAX_AGENTS_PER_ROUND, AgentStatus, RoundAnnouncement
 from protocol.wire import decode_message
-from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, make_engine
 
 
 def status(agent_id: str) -> AgentStatus:
     return AgentStatus(agent_id=agent_id, state="online", device="rpi", family="f", num_samples=1,
-                       num_eval_samples=1, version="t", timestamp=0.0)
+                       num_eval_samples=1, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
 
 
 def test_selection_never_exceeds_the_maximum() -> None:

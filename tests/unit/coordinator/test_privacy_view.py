@@ -7,14 +7,16 @@ from pathlib import Path
 from coordinator.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, PrivacySpent, RoundAnnouncement
 from protocol.wire import decode_message, encode_message
-from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine, send, update
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, make_engine, send, update
 
 
 def status(agent_id: str, device: str, epsilon: float | None, *, exhausted: bool = False) -> AgentStatus:
     privacy = None if epsilon is None else PrivacySpent(epsilon=epsilon, delta=1e-5, budget_epsilon=8.0,
                                                         exhausted=exhausted)
     return AgentStatus(agent_id=agent_id, state="budget_exhausted" if exhausted else "online", device=device,
-                       family="f", num_samples=10, num_eval_samples=2, version="t", timestamp=0.0, privacy=privacy)
+                       family="f", num_samples=10, num_eval_samples=2, version="t", timestamp=0.0, privacy=privacy,
+                       task_ref=DIGITS, layout=LAYOUT)
 
 
 def gauge(metrics: CoordinatorMetrics, name: str, **labels: str) -> float | None:

@@ -13,14 +13,15 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.service import CoordinatorService
 from protocol.messages import AgentStatus, CoordinatorStatus, PrivacySpent, RoundAnnouncement
 from protocol.wire import decode_message, encode_message
-from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, send, update
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, make_engine, rejected, send, update
 
 
 def status(agent_id: str, state: str = "online", *, session: str | None = "s1", reconnects: int = 0,
            device: str = "rpi", privacy: PrivacySpent | None = None) -> AgentStatus:
     return AgentStatus(agent_id=agent_id, state=state, device=device, family="f", num_samples=10,  # type: ignore[arg-type]
                        num_eval_samples=2, version="t", timestamp=0.0, session=session, reconnects=reconnects,
-                       privacy=privacy)
+                       privacy=privacy, task_ref=DIGITS, layout=LAYOUT)
 
 
 def tell(engine: RoundEngine, message: AgentStatus) -> None:

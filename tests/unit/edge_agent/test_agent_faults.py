@@ -15,8 +15,10 @@ from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, PROFILE_DELAYS, DelayModel, parse_delay
 from protocol.messages import CoordinatorStatus, GlobalState, LocalTraining, RoundAnnouncement, TrainMetrics, Update
 from protocol.mqtt import BrokerAddress
+from protocol.tasks import BUILTIN_CARDS
 from protocol.topics import Topics
 from protocol.wire import encode_message
+from tests.task_refs import DIGITS, layout
 
 TOPICS = Topics("t")
 RUN = "run1"
@@ -25,6 +27,11 @@ RUN = "run1"
 class FakeWorker:
     family = "f"
     data = SimpleNamespace(train=[0] * 10, held_out=[0] * 2)
+    task = SimpleNamespace(card=BUILTIN_CARDS["digits"])
+    layout = layout({"w": np.ones(3, np.float32)})
+
+    def refusal(self, announcement: RoundAnnouncement) -> str | None:
+        return None
 
     def __init__(self) -> None:
         self.answered: list[int] = []
@@ -35,7 +42,7 @@ class FakeWorker:
     def answer(self, announcement: RoundAnnouncement, global_state: GlobalState | None) -> Update:
         self.answered.append(announcement.round)
         return Update(run_id=announcement.run_id, agent_id="me", round=announcement.round, task=announcement.task,
-                      family="f", base_digest=None, num_samples=10, weights={"w": np.ones(3, np.float32)},
+                      task_ref=DIGITS, family="f", base_digest=None, num_samples=10, weights={"w": np.ones(3, np.float32)},
                       metrics=TrainMetrics())
 
 
@@ -63,7 +70,8 @@ def make_agent(tmp_path: Path, straggler: DelayModel = OFF) -> tuple[EdgeAgent, 
 
 
 def announce(agent: EdgeAgent, number: int, *, retained: bool = False, selected: tuple[str, ...] = ("me", "x")) -> None:
-    ann = RoundAnnouncement(run_id=RUN, round=number, task="train", algorithm="fedavg",
+    ann = RoundAnnouncement(run_id=RUN, round=number, task="train", task_ref=DIGITS,
+                            layouts={FakeWorker.family: FakeWorker.layout}, algorithm="fedavg",
                             training=LocalTraining(epochs=1, learning_rate=0.1), selected=list(selected),
                             init_seed=0, issued_at=time.time(), deadline_s=10.0, last_round=5)
     agent._on_message(TOPICS.rounds_current, encode_message(ann), retained)

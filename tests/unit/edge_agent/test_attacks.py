@@ -26,13 +26,16 @@ from edge_agent.attacks import (
 )
 from edge_agent.config import AgentSettings
 from edge_agent.data.local import build_local_data
-from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
+from edge_agent.tasks.registry import resolve_task
 from edge_agent.weights import get_arrays
 from edge_agent.worker import LocalWorker
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, LocalTraining, RoundAnnouncement, StateRef
 from protocol.settings import ConfigError, load_settings
+from tests.task_refs import family_layouts
+
+TASK = resolve_task("digits")
 
 CONTEXT = AttackContext("evil-1", "run", 3, "mlp_tiny")
 
@@ -65,7 +68,7 @@ def test_gaussian_noise_replaces_the_update_with_seeded_noise_of_the_set_scale()
 
 
 def test_label_flip_maps_y_to_c_minus_1_minus_y() -> None:
-    data = build_local_data("digits").train
+    data = build_local_data(TASK).train
     flipped = flip_labels(data)
     np.testing.assert_array_equal(flipped.y, 9 - data.y)
     assert flipped.x is data.x
@@ -130,9 +133,10 @@ def test_settings_and_build() -> None:
 
 def test_an_attacking_worker_sends_the_forged_update_and_admits_it(tmp_path: Path) -> None:
     torch.set_num_threads(1)
-    data = build_local_data("digits", partition="iid", num_partitions=8, partition_index=0)
+    data = build_local_data(TASK, partition="iid", num_partitions=8, partition_index=0)
     announcement = RoundAnnouncement(
-        run_id="run", round=1, task="train", algorithm="fedavg", selected=["honest", "evil"],
+        run_id="run", round=1, task="train", task_ref=TASK.card.ref, layouts=family_layouts(["mlp_tiny"]),
+        algorithm="fedavg", selected=["honest", "evil"],
         training=LocalTraining(epochs=1, learning_rate=0.05), init_seed=0, issued_at=0.0, deadline_s=10.0,
         last_round=3)
     device = torch.device("cpu")
@@ -140,29 +144,30 @@ def test_an_attacking_worker_sends_the_forged_update_and_admits_it(tmp_path: Pat
     def worker(attack: Attack | None, name: str) -> LocalWorker:
         # One agent id for both, so both train with the same seed: the honest update is the
         # one the attacker computed before forging it.
-        return LocalWorker("same", "mlp_tiny", data, device, 16, AgentStateDir(tmp_path / name), attack=attack)
+        return LocalWorker("same", TASK, "mlp_tiny", data, device, 16, AgentStateDir(tmp_path / name), attack=attack)
 
     honest = worker(None, "honest").answer(announcement, None)  # a bootstrap round: weights, not a delta
     evil = worker(SignFlip(3.0), "evil").answer(announcement, None)
     assert "attack_sign_flip" not in honest.metrics.extra
     assert evil.metrics.extra["attack_sign_flip"] == 1.0 and evil.metrics.extra["attack_scale"] == 3.0
-    start = get_arrays(build_model("mlp_tiny", data.train.in_shape, 10, seed=0))
+    start = get_arrays(TASK.build_model("mlp_tiny", seed=0))
     for name in honest.weights:
         np.testing.assert_allclose(evil.weights[name] - start[name], -3.0 * (honest.weights[name] - start[name]),
                                    rtol=1e-4, atol=1e-6)
 
 
 def test_a_global_model_that_makes_training_diverge_skips_the_round_instead_of_crashing(tmp_path: Path) -> None:
-    data = build_local_data("digits", partition="iid", num_partitions=8, partition_index=1)
-    model = build_model("mlp_tiny", data.train.in_shape, 10, seed=0)
+    data = build_local_data(TASK, partition="iid", num_partitions=8, partition_index=1)
+    model = TASK.build_model("mlp_tiny", seed=0)
     huge = {k: (v * np.float32(1e30)).astype(v.dtype) for k, v in get_arrays(model).items()}  # finite, but overflows
     state = GlobalState(run_id="run", family="mlp_tiny", round=2, digest=GlobalState.compute_digest(huge, {}, None, None),
                         weights=huge)
     announcement = RoundAnnouncement(
-        run_id="run", round=2, task="train", algorithm="fedavg", selected=["a"], training=LocalTraining(
+        run_id="run", round=2, task="train", task_ref=TASK.card.ref, layouts=family_layouts(["mlp_tiny"]),
+        algorithm="fedavg", selected=["a"], training=LocalTraining(
             epochs=1, learning_rate=0.05), states={"mlp_tiny": StateRef(family="mlp_tiny", round=2, digest=state.digest)},
         init_seed=0, issued_at=0.0, deadline_s=10.0, last_round=3)
-    worker = LocalWorker("a", "mlp_tiny", data, torch.device("cpu"), 16, AgentStateDir(tmp_path))
+    worker = LocalWorker("a", TASK, "mlp_tiny", data, torch.device("cpu"), 16, AgentStateDir(tmp_path))
     with pytest.raises(ProtocolError) as info:
         worker.answer(announcement, state)
     assert info.value.reason is Reason.NON_FINITE  # the agent loop logs it and waits for the next round

@@ -34,8 +34,8 @@ def diverging_training(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_diverged_scaffold_round_leaves_no_control_variate(tmp_path: Path, diverging_training: None) -> None:
     data = digits_subset()
     worker = make_worker(tmp_path, data)
-    state = global_state("cnn_small", 2, weights=global_weights("cnn_small", data.train),
-                         control={k: v * 0 for k, v in global_weights("cnn_small", data.train).items()
+    state = global_state("cnn_small", 2, weights=global_weights("cnn_small"),
+                         control={k: v * 0 for k, v in global_weights("cnn_small").items()
                                   if not k.endswith("num_batches_tracked")})
     with pytest.raises(ProtocolError) as info:
         worker.answer(announce("scaffold", 2, state, momentum=0.0, epochs=1), state)

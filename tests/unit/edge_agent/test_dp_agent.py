@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -14,10 +15,13 @@ import edge_agent.privacy.trainer as trainer_module
 from edge_agent.agent import EdgeAgent
 from edge_agent.bootstrap import build_agent
 from edge_agent.config import AgentSettings
-from edge_agent.models import EMBED_DIM, FAMILIES, build_model
+from edge_agent.models import EMBED_DIM, FedModel
 from edge_agent.privacy.compat import DPIncompatibleModel, check_dp_compatible
 from edge_agent.privacy.errors import BudgetExhausted
+from edge_agent.tasks.registry import resolve_task
 from protocol.messages import LocalTraining, RoundAnnouncement
+from protocol.tasks import BUILTIN_CARDS
+from tests.task_refs import DIGITS, family_layouts
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,7 +33,8 @@ def settings(state_dir: Path, **dp: object) -> AgentSettings:
 
 
 def announce(round_number: int, run_id: str = "run-a", task: str = "train") -> RoundAnnouncement:
-    return RoundAnnouncement(run_id=run_id, round=round_number, task=task, algorithm="fedavg",  # type: ignore[arg-type]
+    return RoundAnnouncement(run_id=run_id, round=round_number, task=task, task_ref=DIGITS,  # type: ignore[arg-type]
+                             layouts=family_layouts(["mlp_tiny"]), algorithm="fedavg",
                              training=LocalTraining(epochs=1, learning_rate=0.5), selected=["dp-agent"],
                              init_seed=0, issued_at=time.time(), deadline_s=60.0, last_round=10)
 
@@ -55,17 +60,20 @@ def test_batchnorm_is_refused_with_why_and_what_to_use_instead() -> None:
     assert "nn.GroupNorm(num_groups, 4)" in message  # what instead
 
 
-def test_agent_with_dp_refuses_a_batchnorm_family_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(FAMILIES, "bn_cnn", bn_cnn)
+def test_agent_with_dp_refuses_a_batchnorm_family_at_start(tmp_path: Path) -> None:
+    digits = resolve_task("digits")
+    with_bn = dataclasses.replace(digits, families={
+        **digits.families, "bn_cnn": lambda: FedModel.with_linear_head(bn_cnn((1, 8, 8)), EMBED_DIM, 10)})
     with pytest.raises(DPIncompatibleModel, match=r"features\.1 \(BatchNorm2d\).*GroupNorm"):
-        build_agent(settings(tmp_path / "dp", family="bn_cnn"), set_threads=False)
-    plain = build_agent(AgentSettings(device="phone", family="bn_cnn", state_dir=tmp_path / "plain"), set_threads=False)
+        build_agent(settings(tmp_path / "dp", family="bn_cnn"), set_threads=False, task=with_bn)
+    plain = build_agent(AgentSettings(device="phone", family="bn_cnn", state_dir=tmp_path / "plain"), set_threads=False,
+                        task=with_bn)
     assert plain.worker.privacy is None  # without DP the same model is fine
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_builtin_family_is_dp_compatible(family: str) -> None:
-    check_dp_compatible(build_model(family, (1, 8, 8), 10, seed=0), family)
+@pytest.mark.parametrize(("task", "family"), [(t, f) for t, card in BUILTIN_CARDS.items() for f in card.families])
+def test_every_builtin_family_is_dp_compatible(task: str, family: str) -> None:
+    check_dp_compatible(resolve_task(task).build_model(family, seed=0), family)
 
 
 def test_cli_names_the_dp_field_that_is_wrong(tmp_path: Path) -> None:

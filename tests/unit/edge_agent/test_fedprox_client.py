@@ -18,7 +18,7 @@ def norm(arrays: dict[str, np.ndarray]) -> float:
 @pytest.mark.parametrize("bootstrap", [False, True], ids=["from-global-state", "bootstrap"])
 def test_mu_zero_is_bit_identical_to_fedavg(tmp_path: Path, bootstrap: bool) -> None:
     data = digits_subset()
-    state = None if bootstrap else global_state("cnn_small", 2, weights=global_weights("cnn_small", data.train))
+    state = None if bootstrap else global_state("cnn_small", 2, weights=global_weights("cnn_small"))
     fedavg = make_worker(tmp_path / "a", data).answer(announce("fedavg", 2, state), state)
     fedprox = make_worker(tmp_path / "b", data).answer(announce("fedprox", 2, state, params={"mu": 0.0}), state)
     field = "weights" if bootstrap else "delta"
@@ -32,7 +32,7 @@ def test_mu_zero_is_bit_identical_to_fedavg(tmp_path: Path, bootstrap: bool) -> 
 
 def test_a_positive_mu_pulls_towards_the_global_weights(tmp_path: Path) -> None:
     data = digits_subset()
-    state = global_state("cnn_small", 2, weights=global_weights("cnn_small", data.train))
+    state = global_state("cnn_small", 2, weights=global_weights("cnn_small"))
     plain = make_worker(tmp_path / "a", data).answer(announce("fedprox", 2, state, params={"mu": 0.0}), state)
     pulled = make_worker(tmp_path / "b", data).answer(announce("fedprox", 2, state, params={"mu": 5.0}), state)
     assert norm(pulled.delta) < 0.8 * norm(plain.delta)

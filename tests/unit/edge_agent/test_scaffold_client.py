@@ -27,7 +27,7 @@ def control_of(state_dir: Path, run_id: str = RUN) -> dict[str, np.ndarray]:
 
 def test_an_update_carries_a_delta_and_a_control_delta_over_the_parameters_only(tmp_path: Path) -> None:
     data = digits_subset()
-    weights = global_weights(FAMILY, data.train)
+    weights = global_weights(FAMILY)
     names = parameter_names(build_model(FAMILY, data.train.in_shape, 10, seed=0))
     control = {n: np.full_like(weights[n], 0.01) for n in names}
     state = global_state(FAMILY, 2, weights=weights, control=control)
@@ -81,7 +81,7 @@ def test_a_round_asking_for_momentum_is_refused(tmp_path: Path) -> None:
 
 def test_a_server_variate_that_does_not_fit_the_model_is_refused(tmp_path: Path) -> None:
     data = digits_subset(per_class=2)
-    weights = global_weights(FAMILY, data.train)
+    weights = global_weights(FAMILY)
     state = global_state(FAMILY, 2, weights=weights, control={"head.bias": np.zeros(3, np.float32)})
     with pytest.raises(ProtocolError, match="server control variate"):
         make_worker(tmp_path, data).answer(announce("scaffold", 2, state, momentum=0.0), state)

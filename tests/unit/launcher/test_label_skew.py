@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edge_agent.data.local import build_local_data
+from edge_agent.tasks.registry import resolve_task
 from launcher import report
 from launcher.fleet import FleetSpec, default_fleet
 
@@ -24,7 +25,7 @@ def test_the_report_summarises_exactly_the_partitions_the_agents_train_on(
     for agent, row in zip(spec.agents, rows, strict=True):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="edge_agent.data.local"):
-            local = build_local_data("digits", partition=partition, num_partitions=6,
+            local = build_local_data(resolve_task("digits"), partition=partition, num_partitions=6,
                                      partition_index=agent.partition_index, alpha=0.3, data_seed=3,
                                      classes_per_client=extra.get("classes_per_client", 2))
         labels = np.concatenate([local.train.y, local.held_out.y])

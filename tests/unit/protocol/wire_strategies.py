@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from protocol.limits import DEFAULT_DTYPES
 from protocol.messages import (
+    VERSION_PATTERN,
     AgentStatus,
     Chunk,
     CoordinatorStatus,
@@ -24,6 +25,7 @@ from protocol.messages import (
     RoundAnnouncement,
     Signed,
     StateRef,
+    TaskRef,
     TrainMetrics,
     Update,
 )
@@ -170,6 +172,7 @@ probabilities = st.floats(min_value=0.0, max_value=1.0)
 algorithms = st.sampled_from(["fedavg", "fedprox", "scaffold", "fedproto"])
 versions = st.text(max_size=64)
 short_keys = st.text(max_size=64)
+task_refs = st.builds(TaskRef, name=identifiers, version=st.from_regex(VERSION_PATTERN, fullmatch=True))
 
 float_dtypes = st.sampled_from([d for d in ALLOWED_DTYPES if np.dtype(d).kind == "f"]).map(np.dtype)
 count_dtypes = st.sampled_from([d for d in ALLOWED_DTYPES if np.dtype(d).kind in "iu"]).map(np.dtype)
@@ -219,6 +222,9 @@ agent_statuses = st.builds(
     version=versions,
     timestamp=finite_floats,
     privacy=privacy,
+    task_ref=task_refs,
+    layout=digests,
+    problem=st.none() | st.text(max_size=512),
 )
 
 local_trainings = st.builds(
@@ -238,6 +244,8 @@ def round_announcements(draw: st.DrawFn) -> RoundAnnouncement:
         run_id=draw(identifiers),
         round=draw(rounds),
         task=draw(st.sampled_from(["train", "evaluate"])),
+        task_ref=draw(task_refs),
+        layouts=draw(st.dictionaries(identifiers, digests, max_size=3)),
         algorithm=draw(algorithms),
         training=draw(local_trainings),
         params=draw(st.dictionaries(short_keys, finite_floats | MSGPACK_INTS | st.booleans(), max_size=4)),
@@ -302,6 +310,7 @@ def updates(draw: st.DrawFn) -> Update:
         agent_id=draw(identifiers),
         round=draw(rounds),
         task=task,
+        task_ref=draw(task_refs),
         family=draw(identifiers),
         base_digest=draw(st.none() | digests),
         num_samples=draw(counts),
@@ -341,6 +350,7 @@ def sample_update(**overrides: Any) -> Update:
         agent_id="agent-0",
         round=3,
         task="train",
+        task_ref=TaskRef(name="digits", version="1"),
         family="cnn",
         base_digest="0" * 32,
         num_samples=42,

@@ -65,7 +65,7 @@ def test_the_card_is_what_the_coordinator_sees() -> None:
 def test_equal_seeds_build_equal_models_and_families_are_checked() -> None:
     task = make(families={"fed": fed, "other": fed}, device_families={"rpi": "other"})
     one, two, three = task.build_model("fed", 3), task.build_model("fed", 3), task.build_model("fed", 4)
-    assert all(np.array_equal(a, b) for a, b in zip(get_arrays(one).values(), get_arrays(two).values()))
+    assert all(np.array_equal(a, b) for a, b in zip(get_arrays(one).values(), get_arrays(two).values(), strict=True))
     assert not np.array_equal(get_arrays(one)["head.weight"], get_arrays(three)["head.weight"])
     assert (task.family_for("rpi"), task.family_for("phone")) == ("other", "fed")
     with pytest.raises(ValueError, match="has no model family 'nope'"):
