@@ -3,6 +3,7 @@
     python bench/accuracy.py            # the full table (about 6 minutes on 2 busy cores)
     python bench/accuracy.py --quick    # 6 agents, 3 rounds: a smoke run for CI (numbers meaningless)
     python bench/accuracy.py --tune     # the tuning grid behind the settings below, and its table
+    python bench/accuracy.py --task mnist-5k   # another task's families: see bench/task_accuracy.py
 
 Every federated row runs the real coordinator and agents in this process (threads, each with
 its own MQTT connection) over a Mosquitto broker the script starts; every row uses the same
@@ -304,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="6 agents, 3 rounds, cnn_small: a smoke run for CI")
     parser.add_argument("--tune", action="store_true", help="run the tuning grid instead of the table")
+    parser.add_argument("--task", default="digits", help="digits: the algorithms table below; any other installed "
+                                                          "task: its families' table (bench/task_accuracy.py)")
     parser.add_argument("--out", type=Path, default=None, help="where accuracy.png and accuracy.json go "
                                                                 "[default: a new temporary directory]")
     args = parser.parse_args(argv)
@@ -317,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
         with MosquittoBroker(workdir=workdir / "broker") as broker:
             if args.tune:
                 return tune(plan, broker, workdir)
+            if args.task != "digits":
+                return task_table(args.task, args.quick, broker, workdir)
             print(f"accuracy benchmark ({'quick' if args.quick else 'full'}): digits, torch {torch.__version__}, "
                   f"{plan.agents} agents ({plan.fraction:.0%} per round) x {plan.rounds} rounds, FedProto "
                   f"{plan.proto_agents} agents x {plan.proto_rounds} rounds, batch {plan.batch_size}")
@@ -336,6 +341,24 @@ def main(argv: list[str] | None = None) -> int:
           "validation split, final evaluation round. upload: mean accepted update size. mean KL: label skew, "
           "KL(agent || global) averaged over agents. Failed rounds: "
           f"{sum(r.result.failed_rounds for r in rows)}.")
+    return 0
+
+
+def task_table(task: str, quick: bool, broker: MosquittoBroker, workdir: Path) -> int:
+    import task_accuracy
+
+    plan = task_accuracy.QUICK if quick else task_accuracy.FULL
+    print(f"accuracy benchmark ({'quick' if quick else 'full'}): task {task}, torch {torch.__version__}, "
+          f"{plan.agents} agents ({plan.fraction:.0%} per round) x {plan.rounds} rounds, {plan.local_epochs} local "
+          f"epochs, lr {plan.learning_rate:g}, batch {plan.batch_size}")
+    rows = task_accuracy.run(task, plan, broker, workdir)
+    print()
+    print(task_accuracy.render(rows))
+    print()
+    for ok, text in task_accuracy.goals(task, rows):
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    print("test acc: global model on the task's test split (centralised: after the last epoch). s/round: wall "
+          "seconds per round (per epoch, centralised) with every agent on this machine's cores.")
     return 0
 
 

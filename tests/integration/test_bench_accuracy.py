@@ -39,3 +39,17 @@ def test_accuracy_bench_quick_prints_one_table_with_goals(tmp_path: Path) -> Non
     assert all(len(r["label_skew"]) == 6 and "kl_divergence" in r["label_skew"][0] for r in federated)
     proto = next(r for r in report["rows"] if r["key"] == "fedproto")
     assert 2560 < proto["upload_bytes_per_agent_round"] < 2560 + 2048
+
+
+def test_accuracy_bench_quick_for_another_task_prints_its_families() -> None:
+    out = run_bench("accuracy.py", "--quick", "--task", "mnist-5k", timeout_s=900)
+    table = out[out.index("\nrow "):]
+    assert re.search(r"^row\s+family\s+partition\s+rounds\s+test acc\s+held-out\s+s/round", table.strip(), re.MULTILINE)
+    rows = re.findall(r"^(centralised|FedAvg|SCAFFOLD).*?(cnn_large|cnn_small|mlp_tiny)\s+(\S+)\s+\S+\s+(\d+\.\d+)%",
+                      table, re.MULTILINE)
+    assert [(kind, family, partition) for kind, family, partition, _ in rows] == [
+        ("centralised", "cnn_large", "all"), ("FedAvg", "cnn_large", "IID"), ("FedAvg", "cnn_small", "IID"),
+        ("FedAvg", "mlp_tiny", "IID"), ("FedAvg", "cnn_large", "Dir(0.5)"), ("SCAFFOLD", "cnn_large", "Dir(0.5)")]
+    assert all(0.0 <= float(acc) <= 100.0 for *_, acc in rows)
+    verdicts = re.findall(r"^(PASS|MISS)  (.+)$", out, re.MULTILINE)
+    assert [text.split(" ")[0] for _, text in verdicts] == ["centralised", "FedAvg"]
