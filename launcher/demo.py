@@ -95,6 +95,8 @@ class DemoConfig:
     over_selection: float = 0.0
     dp_epsilon: float | None = None
     """DP-SGD on every agent, its noise calibrated to reach this epsilon (delta 1e-5) after the run's rounds."""
+    task: str = "digits"
+    """The task the fleet trains, on its built-in set (digits, mnist-5k, basic-motions or an installed one)."""
 
 
 @dataclass
@@ -161,8 +163,8 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         # The coordinator would resume the old run's checkpoint instead of starting a new one.
         raise typer.BadParameter(f"{run_dir} is not empty; choose another --out", param_hint="--out")
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = FleetSpec(default_fleet(config.agents, config.devices), partition=config.partition, alpha=config.alpha,
-                     data_seed=config.seed, threads=1, agent_settings=agent_settings(config))
+    spec = FleetSpec(default_fleet(config.agents, config.devices), task=config.task, partition=config.partition,
+                     alpha=config.alpha, data_seed=config.seed, threads=1, agent_settings=agent_settings(config))
     started = time.monotonic()
     broker = _start_broker(config, run_dir, console)
     broker_url = config.broker_url or (broker.url if broker else "")
@@ -321,6 +323,8 @@ def demo(
     over_selection: float = typer.Option(0.0, "--over-selection", min=0.0, max=10.0,
                                          help="want 1/(1+X) of the fleet's updates per round, ask X more "
                                               "agents, and close each round once the wanted number answered"),
+    task: str = typer.Option("digits", "--task", help="the task the fleet trains on its built-in data: digits, "
+                                                     "mnist-5k, basic-motions, or an installed one ('edge-agent tasks')"),
     dp_epsilon: float | None = typer.Option(None, "--dp-epsilon", min=0.01,
                                             help="train with DP-SGD, the noise calibrated to reach this epsilon "
                                                  "(delta 1e-5) after --rounds; budgets are kept per agent"),
@@ -342,7 +346,7 @@ def demo(
                         momentum=momentum, batch_size=batch_size, deadline_s=deadline, seed=seed, timeout_s=timeout,
                         devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy,
                         stragglers=stragglers, over_selection=over_selection,
-                        dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value)
+                        dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value, task=task)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:
