@@ -72,6 +72,22 @@ class CoordinatorSettings(BaseSettings):
     init_seed: int = Field(default=0, ge=0, lt=2**31)
     evaluate_final: bool = True
 
+    # how rounds run (coordinator/policies)
+    mode: Literal["sync", "async"] = Field(default="sync", description=(
+        "sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation (FedBuff), every "
+        "agent trains whenever it is free and a new global version is made every buffer_size updates"))
+    buffer_size: int = Field(default=10, ge=1, le=MAX_AGENTS_PER_ROUND, description=(
+        "async: updates folded into each new global version"))
+    max_staleness: int = Field(default=4, ge=0, le=1000, description=(
+        "async: drop an update trained from a version more than this many versions old (too_stale)"))
+    staleness_exponent: float = Field(default=0.5, ge=0.0, le=4.0, description=(
+        "async: an update s versions stale weighs (1 + s) ** -exponent of its samples; 0.5 is FedBuff's 1/sqrt(1+s)"))
+    weighting: Literal["samples", "kl"] = Field(default="samples", description=(
+        "samples: weight updates by sample count; kl: also by exp(-KL / kl_temperature), KL of the agent's label "
+        "distribution to the federation's (agents report label counts, except under DP)"))
+    kl_temperature: float = Field(default=1.0, gt=0.0, le=100.0, description=(
+        "kl weighting: an agent at KL = temperature keeps e^-1 = 37% of its weight"))
+
     # who, and how long to wait for them
     seed: int = 0
     fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -163,6 +179,11 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
+        if self.mode == "async" and self.algorithm not in ("fedavg", "fedprox"):
+            raise ValueError(f"mode async runs fedavg or fedprox, not {self.algorithm}: SCAFFOLD's control variates "
+                             f"and FedProto's prototypes assume every update starts from the same round")
+        if self.mode == "async" and self.over_selection:
+            raise ValueError("over_selection has no effect with mode async: every available agent is selected")
         if self.algorithm == "fedproto":
             problem = self.task_card().prototype_problem()
             if problem is not None:

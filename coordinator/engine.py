@@ -30,6 +30,8 @@ from coordinator.enrollment import Enrollment
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.norms import NormGuard
+from coordinator.policies import Admission, AdmissionView, build_policy
+from coordinator.policies.versions import VersionLog
 from coordinator.privacy import FleetPrivacy
 from coordinator.registry import AgentRegistry
 from coordinator.retained import RetainedStates
@@ -40,7 +42,7 @@ from coordinator.task_agreement import TaskAgreement
 from protocol.chunking import split_payload
 from protocol.messages import AgentStatus, CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
 from protocol.signing import SigningKey
-from protocol.topics import Topics
+from protocol.topics import ParsedTopic, Topics
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
 
@@ -91,6 +93,10 @@ class RoundEngine:
                         "(for experiments only; enroll agents with 'coordinator enroll' and drop --enrollment open)")
         self.norms = NormGuard(settings.max_norm_ratio)
         self.task = TaskAgreement(settings.task_card())
+        self.policy = build_policy(settings)
+        self.versions = VersionLog(settings.max_staleness)
+        self.deferred: list[tuple[ParsedTopic, Update, int]] = []
+        """Asynchronous rounds: accepted-later updates waiting for the next buffer (bounded, see ``defer``)."""
         self.topics = Topics(settings.federation)
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.inbound = InboundFilter(self, metrics)
@@ -142,6 +148,8 @@ class RoundEngine:
         self.strategy.load_state_dict(saved["strategy"])
         self.task.load_state_dict(saved.get("task") or {"name": "digits", "version": "1", "layouts": {}},  # format of 2026-11
                                   str(self.store.directory))
+        self.versions.load_state_dict(saved.get("versions") or {})
+        self.versions.record(self.strategy.states)
         log.info("resumed run %s at round %d from %s", self.run_id, self.next_round, self.store.directory)
         if self.on_resumed is not None:
             self.on_resumed(self.last_summary)
@@ -183,12 +191,49 @@ class RoundEngine:
         if status.state == "offline" and self.open is not None and status.agent_id in self.open.selected_set:
             self.open.went_offline.add(status.agent_id)
 
-    def accept_update(self, update: Update, size: int, norm: float | None = None) -> None:
+    def admission_view(self) -> AdmissionView:
+        """What the policy may read to admit an update."""
+        open_round = self.open
+        strategy = self.strategy
+
+        def family_of(agent_id: str) -> str | None:
+            record = self.registry.get(agent_id)
+            return None if record is None else record.status.family
+
+        def sample_cap(agent_id: str) -> int:
+            enrolled = self.enrollment.get(agent_id) if self.enrollment is not None else None
+            return min(self.settings.max_samples_per_update, (enrolled.max_samples if enrolled else None) or 2**62)
+
+        def check_task(update: Update) -> None:
+            assert open_round is not None
+            self.task.check_update(update, open_round.announcement)
+
+        def check_payload(update: Update, against_current: bool) -> None:
+            (strategy.check_update if against_current else strategy.check_delta)(update)
+
+        return AdmissionView(
+            run_id=self.run_id, next_round=self.next_round, open_round=open_round, closing=self.closing is not None,
+            family_of=family_of, sample_cap=sample_cap, check_task=check_task, check_payload=check_payload,
+            version_digest=self.versions.digest)
+
+    def defer(self, topic: ParsedTopic, update: Update, size: int) -> bool:
+        """Hold an admissible-later update for the next buffer; False when too many already wait."""
+        if len(self.deferred) >= max(64, 2 * self.settings.buffer_size):
+            return False
+        self.deferred.append((topic, update, size))
+        self.metrics.deferred.inc()
+        return True
+
+    def accept_update(self, update: Update, size: int, norm: float | None = None,
+                      admission: Admission | None = None) -> None:
         """Called by the inbound filter for an update that passed every check (``norm``: its delta's)."""
         assert self.open is not None
+        admission = admission or Admission()
         if norm is not None:
             self.norms.accepted(update.family, norm)
-        self.open.updates[update.agent_id] = self.strategy.admit(update)
+        if update.task == "train":
+            self.metrics.staleness.observe(admission.staleness)
+        self.open.updates[update.agent_id] = self.strategy.admit(update, admission.weight)
         self.open.bytes_in += size
         self.metrics.updates.labels("accepted").inc()
         record = self.registry.get(update.agent_id)
@@ -234,7 +279,7 @@ class RoundEngine:
         if self.open is None:
             self._maybe_open_round(now)
             return 0.2
-        if self.open.enough_answered() or now >= self.open.deadline:
+        if self.policy.closes(self.open, now):
             self._close_round(now)
             return 0.0
         return max(0.0, min(self.open.deadline - now, 0.5))
@@ -255,12 +300,10 @@ class RoundEngine:
                          f" ({spent} more have spent their privacy budget and train no more)" if spent else "")
                 self._last_wait_log = now
             return
-        # The evaluation round asks every agent it may, up to what one announcement can name.
-        fraction, minimum = (s.fraction_fit, s.min_fit_agents) if task == "train" else (1.0, 1)
+        fraction, minimum, over = self.policy.selection(task, s.fraction_fit, s.min_fit_agents, s.over_selection)
         plan = plan_selection(available, number, seed=s.seed, fraction=fraction, minimum=minimum,
-                              over_selection=s.over_selection if task == "train" else 0.0,
-                              maximum=s.max_agents_per_round)
-        selected, wanted = plan.selected, plan.wanted
+                              over_selection=over, maximum=s.max_agents_per_round)
+        selected, wanted = plan.selected, self.policy.wanted(task, plan.wanted)
         if len(selected) < min(len(available), math.ceil(fraction * len(available))):
             log.warning("round %d: %d agents available, selecting %d (max_agents_per_round)",
                         number, len(available), len(selected))
@@ -292,6 +335,13 @@ class RoundEngine:
         self.metrics.progressed(self.wall_clock())
         log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
                  number, task, len(selected), len(available), wanted, s.round_deadline_s)
+        self._replay_deferred()
+
+    def _replay_deferred(self) -> None:
+        """Offer the updates held back while the last buffer closed to the one just opened."""
+        waiting, self.deferred = self.deferred, []
+        for topic, update, size in waiting:
+            self.inbound.admit(topic, update, size)
 
     def _begin_round(self, open_round: OpenRound) -> None:
         self.strategy.begin_round(len(open_round.selected),
@@ -313,8 +363,9 @@ class RoundEngine:
             outcome, reason = "quorum_missed", f"{len(open_round.updates)} of {quorum} needed answered"
         missing = set(open_round.selected) - open_round.updates.keys()
         dropouts = {a for a in missing if a in open_round.went_offline or not self.registry.is_online(a, now)}
-        # Closed early (enough answered): the rest were over-selected, not late.
-        stragglers = set() if now < open_round.deadline else missing - dropouts
+        # Closed early (enough answered): the rest were over-selected, not late. Asynchronous rounds: still working.
+        late = now >= open_round.deadline and self.policy.missing_are_stragglers
+        stragglers = missing - dropouts if late else set()
         next_round = open_round.number + 1
         closure = Closure(
             open_round=open_round, outcome=outcome, reason=reason, stragglers=stragglers, dropouts=dropouts,
@@ -361,6 +412,7 @@ class RoundEngine:
             self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
         self.last_summary = summary
         self.finished = closure.finished
+        self.versions.record(self.strategy.states)
         self.norms.close_round(completed=summary.outcome == "completed" and summary.task == "train")
         self._record(summary, closure.stragglers, closure.dropouts)
         if self.finished:
@@ -386,6 +438,7 @@ class RoundEngine:
         return self.store.save(CHECKPOINT, {
             "run_id": self.run_id, "algorithm": self.strategy.algorithm, "next_round": next_round,
             "finished": finished, "strategy": self.strategy.state_dict(), "task": self.task.state_dict(),
+            "versions": self.versions.state_dict(),
             "last_summary": None if last_summary is None else last_summary.to_dict(),
         })
 

@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.policies import Defer
 from coordinator.registry import RegistryFull
 from coordinator.rejects import RejectedUpdate, RejectReason
 from protocol.chunking import Reassembler, receive
@@ -94,57 +95,40 @@ class InboundFilter:
     # -- updates -------------------------------------------------------------------------
     def _update(self, parsed: ParsedTopic, payload: bytes) -> None:
         assert parsed.agent_id is not None and parsed.round is not None
-        open_round = self.engine.open
         try:
             received = receive(payload, parsed.agent_id, Update, self.reassembler, self.update_limits, self.trust)
             if received is None:  # more chunks to come
                 return
-            message, size = received.message, received.size
-            if received.signer is not None and received.signer != message.agent_id:
+            if received.signer is not None and received.signer != received.message.agent_id:
                 raise RejectedUpdate(RejectReason.SIGNER_MISMATCH,
-                                     f"update of {message.agent_id} signed by {received.signer}'s key")
-            self._check(parsed, message)
-            norm = self.engine.norms.check(message.family, message.delta) if message.delta else None
+                                     f"update of {received.message.agent_id} signed by {received.signer}'s key")
         except (ProtocolError, RejectedUpdate) as exc:
-            if open_round is not None:
-                open_round.rejected += 1
-            self.metrics.updates.labels("rejected").inc()
-            self.reject("update", exc.reason.value, parsed.agent_id, exc.detail)
+            self._rejected_update(parsed, exc)
             return
-        self.engine.accept_update(message, size, norm)
+        self.admit(parsed, received.message, received.size)
 
-    def _check(self, parsed: ParsedTopic, update: Update) -> None:
+    def admit(self, parsed: ParsedTopic, update: Update, size: int) -> None:
+        """The round policy's verdict on a decoded, signature-checked update (also for one it deferred)."""
         engine = self.engine
-        if update.agent_id != parsed.agent_id or update.round != parsed.round:
-            raise RejectedUpdate(RejectReason.TOPIC_MISMATCH,
-                                 f"update of {update.agent_id}/{update.round} on {parsed.agent_id}/{parsed.round}")
-        if update.run_id != engine.run_id:
-            raise RejectedUpdate(RejectReason.WRONG_RUN, f"run {update.run_id}, expected {engine.run_id}")
-        open_round = engine.open
-        if open_round is None or update.round < open_round.number:
-            if update.round < engine.next_round:
-                raise RejectedUpdate(RejectReason.LATE, f"round {update.round} is closed")
-            raise RejectedUpdate(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
-        if update.round != open_round.number:
-            raise RejectedUpdate(RejectReason.WRONG_ROUND, f"round {update.round}, open is {open_round.number}")
-        record = engine.registry.get(update.agent_id)
-        if update.agent_id not in open_round.selected_set:
-            if record is None:
-                raise RejectedUpdate(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
-            raise RejectedUpdate(RejectReason.UNSELECTED, f"not selected for round {update.round}")
-        if update.agent_id in open_round.updates:
-            raise RejectedUpdate(RejectReason.DUPLICATE, f"already answered round {update.round}")
-        if update.task != open_round.announcement.task:
-            raise RejectedUpdate(RejectReason.WRONG_TASK, f"{update.task} answer to a {open_round.announcement.task} round")
-        if record is not None and update.family != record.status.family:
-            raise RejectedUpdate(RejectReason.WRONG_FAMILY, f"family {update.family}, status says {record.status.family}")
-        enrolled = engine.enrollment.get(update.agent_id) if engine.enrollment is not None else None
-        cap = min(engine.settings.max_samples_per_update, (enrolled.max_samples if enrolled else None) or 2**62)
-        if update.num_samples > cap:
-            raise RejectedUpdate(RejectReason.TOO_MANY_SAMPLES, f"claims {update.num_samples} samples, at most {cap}")
-        engine.task.check_update(update, open_round.announcement)
-        if update.task == "train":
-            engine.strategy.check_update(update)
+        try:
+            admission = engine.policy.admit(parsed, update, engine.admission_view())
+            norm = engine.norms.check(update.family, update.delta) if update.delta else None
+        except Defer:
+            if not engine.defer(parsed, update, size):
+                self._rejected_update(parsed, RejectedUpdate(RejectReason.DEFERRED_OVERFLOW,
+                                                             f"{len(engine.deferred)} updates already wait"))
+            return
+        except (ProtocolError, RejectedUpdate) as exc:
+            self._rejected_update(parsed, exc)
+            return
+        engine.accept_update(update, size, norm, admission)
+
+    def _rejected_update(self, parsed: ParsedTopic, exc: ProtocolError | RejectedUpdate) -> None:
+        assert parsed.agent_id is not None
+        if self.engine.open is not None:
+            self.engine.open.rejected += 1
+        self.metrics.updates.labels("rejected").inc()
+        self.reject("update", exc.reason.value, parsed.agent_id, exc.detail)
 
     def reject(self, kind: str, reason: str, sender: str, detail: str, action: str = "dropped") -> None:
         self.metrics.rejected.labels(kind, reason).inc()

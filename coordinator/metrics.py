@@ -29,10 +29,13 @@ ROUND_PHASES = ("publish", "collect", "aggregate", "checkpoint")
 _REJECT_LABELS = {
     "update": sorted({r.value for r in Reason} | {r.value for r in RejectReason}),
     "agent_status": sorted({r.value for r in Reason} | {RejectReason.TOPIC_MISMATCH.value,
-                                                      RejectReason.REGISTRY_FULL.value}),
+                                                      RejectReason.REGISTRY_FULL.value,
+                                                      RejectReason.SIGNER_MISMATCH.value,
+                                                      RejectReason.TASK_MISMATCH.value}),
     "unknown": [Reason.BAD_TOPIC.value],
 }
 
+_STALENESS_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32)
 _ROUND_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 _AGGREGATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -81,6 +84,13 @@ class CoordinatorMetrics:
                                      ["phase"], buckets=_ROUND_BUCKETS, registry=r)
         for phase in ROUND_PHASES:  # present from the start, so rate() sees the first round too
             self.round_phase.labels(phase)
+        self.staleness = Histogram("fl_update_staleness_versions",
+                                   "Global versions published between an accepted update's base and its arrival "
+                                   "(asynchronous rounds; 0 in synchronous ones)", buckets=_STALENESS_BUCKETS,
+                                   registry=r)
+        self.deferred = Counter("fl_updates_deferred_total",
+                                "Asynchronous rounds: updates held for the next buffer (their agent was in this "
+                                "one, or a buffer was being aggregated)", registry=r)
         self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
                                    ["device"], registry=r)
         self.accuracy = Gauge("fl_federated_accuracy_ratio",

@@ -87,6 +87,8 @@ class Strategy(ABC):
         self.states: dict[str, FamilyState] = {}
         self.folds: RoundFolds | None = None
         self.rows: RoundRows | None = None
+        self.weights: dict[str, float] = {}
+        """This round's weight multiplier per agent (1 unless a policy or the weighting set one)."""
 
     # -- one round's payloads ------------------------------------------------------------
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
@@ -95,6 +97,7 @@ class Strategy(ABC):
         payload is folded in as it arrives; under a robust rule it is copied into row matrices (on
         disk in ``spill_dir`` past the memory budget)."""
         self.end_round()
+        self.weights = {}
         if not self.folds_payloads:
             return
         if self.aggregator.rule is weighted_mean and not self.aggregator.params:
@@ -102,10 +105,13 @@ class Strategy(ABC):
         else:
             self.rows = RoundRows(capacity, memory_budget_bytes, spill_dir)
 
-    def admit(self, update: Update) -> Update:
-        """Take in an accepted update; returns what the round must keep of it (its arrays folded or stored)."""
+    def admit(self, update: Update, weight: float = 1.0) -> Update:
+        """Take in an accepted update; returns what the round must keep of it (its arrays folded or stored).
+
+        ``weight`` multiplies its sample count in every by-samples mean (staleness, label skew)."""
+        self.weights[update.agent_id] = weight
         if self.folds is not None:
-            return self.folds.add(update)
+            return self.folds.add(update, weight)
         if self.rows is not None:
             return self.rows.add(update)
         return update
@@ -122,8 +128,11 @@ class Strategy(ABC):
             return self.folds.mean(group, payload)
         rule = FOLD_RULES[payload]
         values = [getattr(u, payload) for u in group]
-        weights = [float(u.num_samples) if rule.by_samples else 1.0 for u in group]
+        weights = [self.sample_weight(u) if rule.by_samples else 1.0 for u in group]
         return self.aggregator(values, weights) if rule.clipped else self.aggregator.unclipped(values, weights)
+
+    def sample_weight(self, update: Update) -> float:
+        return float(update.num_samples) * self.weights.get(update.agent_id, 1.0)
 
     def majority_layout(self, updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
         """:func:`majority_by` the layout of field ``payload`` (as folded, when it was)."""
@@ -145,6 +154,15 @@ class Strategy(ABC):
             self._check_bootstrap(update)
             return
         check_base(update, state)
+        self.check_delta(update)
+
+    def check_delta(self, update: Update) -> None:
+        """The delta's layout against the family's current state, whatever version it started from
+        (asynchronous rounds check a stale update's base against that version instead)."""
+        state = self.states.get(update.family)
+        if state is None:
+            self._check_bootstrap(update)
+            return
         if not update.delta:
             raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
         check_layout(update.delta, layout_of(state.weights), "delta")

@@ -22,7 +22,7 @@ def test_names_follow_prometheus_conventions() -> None:
         if family.type == "counter":
             assert all(s.name.endswith(("_total", "_created")) for s in family.samples), family.name
         if family.type == "histogram":
-            assert family.name.endswith("_seconds"), family.name
+            assert family.name.endswith(("_seconds", "_versions")), family.name  # a unit, always
         names = {s.name for s in family.samples} or {family.name}
         for name in names:
             assert "_milliseconds" not in name and "_kilobytes" not in name, name
