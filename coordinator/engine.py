@@ -30,7 +30,7 @@ from coordinator.enrollment import Enrollment
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.norms import NormGuard
-from coordinator.policies import Admission, AdmissionView, build_policy
+from coordinator.policies import Admission, build_policy
 from coordinator.policies.versions import VersionLog
 from coordinator.privacy import FleetPrivacy
 from coordinator.registry import AgentRegistry
@@ -42,7 +42,7 @@ from coordinator.task_agreement import TaskAgreement
 from protocol.chunking import split_payload
 from protocol.messages import AgentStatus, CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
 from protocol.signing import SigningKey
-from protocol.topics import ParsedTopic, Topics
+from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
 
@@ -95,8 +95,6 @@ class RoundEngine:
         self.task = TaskAgreement(settings.task_card())
         self.policy = build_policy(settings)
         self.versions = VersionLog(settings.max_staleness)
-        self.deferred: list[tuple[ParsedTopic, Update, int]] = []
-        """Asynchronous rounds: accepted-later updates waiting for the next buffer (bounded, see ``defer``)."""
         self.topics = Topics(settings.federation)
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.inbound = InboundFilter(self, metrics)
@@ -190,39 +188,6 @@ class RoundEngine:
             self.metrics.agent_reconnects.labels(device).inc(seen.new_reconnects)
         if status.state == "offline" and self.open is not None and status.agent_id in self.open.selected_set:
             self.open.went_offline.add(status.agent_id)
-
-    def admission_view(self) -> AdmissionView:
-        """What the policy may read to admit an update."""
-        open_round = self.open
-        strategy = self.strategy
-
-        def family_of(agent_id: str) -> str | None:
-            record = self.registry.get(agent_id)
-            return None if record is None else record.status.family
-
-        def sample_cap(agent_id: str) -> int:
-            enrolled = self.enrollment.get(agent_id) if self.enrollment is not None else None
-            return min(self.settings.max_samples_per_update, (enrolled.max_samples if enrolled else None) or 2**62)
-
-        def check_task(update: Update) -> None:
-            assert open_round is not None
-            self.task.check_update(update, open_round.announcement)
-
-        def check_payload(update: Update, against_current: bool) -> None:
-            (strategy.check_update if against_current else strategy.check_delta)(update)
-
-        return AdmissionView(
-            run_id=self.run_id, next_round=self.next_round, open_round=open_round, closing=self.closing is not None,
-            family_of=family_of, sample_cap=sample_cap, check_task=check_task, check_payload=check_payload,
-            version_digest=self.versions.digest)
-
-    def defer(self, topic: ParsedTopic, update: Update, size: int) -> bool:
-        """Hold an admissible-later update for the next buffer; False when too many already wait."""
-        if len(self.deferred) >= max(64, 2 * self.settings.buffer_size):
-            return False
-        self.deferred.append((topic, update, size))
-        self.metrics.deferred.inc()
-        return True
 
     def accept_update(self, update: Update, size: int, norm: float | None = None,
                       admission: Admission | None = None) -> None:
@@ -335,13 +300,7 @@ class RoundEngine:
         self.metrics.progressed(self.wall_clock())
         log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
                  number, task, len(selected), len(available), wanted, s.round_deadline_s)
-        self._replay_deferred()
-
-    def _replay_deferred(self) -> None:
-        """Offer the updates held back while the last buffer closed to the one just opened."""
-        waiting, self.deferred = self.deferred, []
-        for topic, update, size in waiting:
-            self.inbound.admit(topic, update, size)
+        self.inbound.replay_deferred()
 
     def _begin_round(self, open_round: OpenRound) -> None:
         self.strategy.begin_round(len(open_round.selected),

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.policies import Defer
+from coordinator.policies import AdmissionView, Defer
 from coordinator.registry import RegistryFull
 from coordinator.rejects import RejectedUpdate, RejectReason
 from protocol.chunking import Reassembler, receive
@@ -41,6 +41,8 @@ class InboundFilter:
         self.trust = OPEN if engine.enrollment is None else Trust(engine.enrollment.lookup, required=True)
         """Enrollment required: only what an enrolled agent signed gets past decoding."""
         self._logged: set[tuple[str, str]] = set()
+        self.deferred: list[tuple[ParsedTopic, Update, int]] = []
+        """Asynchronous rounds: updates to offer the next buffer (bounded, see ``defer``)."""
 
     def handle(self, topic: str, payload: bytes) -> None:
         try:
@@ -111,12 +113,12 @@ class InboundFilter:
         """The round policy's verdict on a decoded, signature-checked update (also for one it deferred)."""
         engine = self.engine
         try:
-            admission = engine.policy.admit(parsed, update, engine.admission_view())
+            admission = engine.policy.admit(parsed, update, self.admission_view())
             norm = engine.norms.check(update.family, update.delta) if update.delta else None
         except Defer:
-            if not engine.defer(parsed, update, size):
+            if not self.defer(parsed, update, size):
                 self._rejected_update(parsed, RejectedUpdate(RejectReason.DEFERRED_OVERFLOW,
-                                                             f"{len(engine.deferred)} updates already wait"))
+                                                             f"{len(self.deferred)} updates already wait"))
             return
         except (ProtocolError, RejectedUpdate) as exc:
             self._rejected_update(parsed, exc)
@@ -129,6 +131,46 @@ class InboundFilter:
             self.engine.open.rejected += 1
         self.metrics.updates.labels("rejected").inc()
         self.reject("update", exc.reason.value, parsed.agent_id, exc.detail)
+
+    def admission_view(self) -> AdmissionView:
+        """What the policy may read to admit an update."""
+        engine = self.engine
+        open_round = engine.open
+        strategy = engine.strategy
+
+        def family_of(agent_id: str) -> str | None:
+            record = engine.registry.get(agent_id)
+            return None if record is None else record.status.family
+
+        def sample_cap(agent_id: str) -> int:
+            enrolled = engine.enrollment.get(agent_id) if engine.enrollment is not None else None
+            return min(engine.settings.max_samples_per_update, (enrolled.max_samples if enrolled else None) or 2**62)
+
+        def check_task(update: Update) -> None:
+            assert open_round is not None
+            engine.task.check_update(update, open_round.announcement)
+
+        def check_payload(update: Update, against_current: bool) -> None:
+            (strategy.check_update if against_current else strategy.check_delta)(update)
+
+        return AdmissionView(
+            run_id=engine.run_id, next_round=engine.next_round, open_round=open_round, closing=engine.closing is not None,
+            family_of=family_of, sample_cap=sample_cap, check_task=check_task, check_payload=check_payload,
+            version_digest=engine.versions.digest)
+
+    def defer(self, topic: ParsedTopic, update: Update, size: int) -> bool:
+        """Hold an admissible-later update for the next buffer; False when too many already wait."""
+        if len(self.deferred) >= max(64, 2 * self.engine.settings.buffer_size):
+            return False
+        self.deferred.append((topic, update, size))
+        self.metrics.deferred.inc()
+        return True
+
+    def replay_deferred(self) -> None:
+        """Offer the updates held back while the last buffer closed to the one just opened."""
+        waiting, self.deferred = self.deferred, []
+        for topic, update, size in waiting:
+            self.admit(topic, update, size)
 
     def reject(self, kind: str, reason: str, sender: str, detail: str, action: str = "dropped") -> None:
         self.metrics.rejected.labels(kind, reason).inc()
