@@ -27,6 +27,7 @@ from coordinator.checkpoint import CheckpointStore
 from coordinator.closing import Closure, InlineExecutor, aggregate, summarise, with_checkpoint_time
 from coordinator.config import CoordinatorSettings
 from coordinator.enrollment import Enrollment
+from coordinator.heterogeneity import HeterogeneityMetrics, LabelSkew
 from coordinator.inbound import InboundFilter
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.norms import NormGuard
@@ -111,6 +112,9 @@ class RoundEngine:
         self._last_wait_log = -1e9
         self._gauges_refreshed = -1e9
         self.privacy = FleetPrivacy(metrics)
+        self.labels = LabelSkew(self.task.card.num_classes or None)
+        """Agents' label counts: the federation's label distribution, KL weighting and skew metrics."""
+        self.heterogeneity = HeterogeneityMetrics(metrics.registry, device_label=metrics.device_label)
 
     # -- start-up --------------------------------------------------------------------
     def restore(self) -> None:
@@ -381,6 +385,7 @@ class RoundEngine:
 
     def _record(self, summary: RoundSummary, stragglers: set[str], dropouts: set[str]) -> None:
         self.metrics.record_round(summary, finished=self.finished)
+        self.heterogeneity.update(self.labels, self.settings.kl_temperature if self.settings.weighting == "kl" else None)
         acc = "-" if summary.accuracy is None else f"{summary.accuracy:.4f}"
         log.info("round %d %s: %d/%d answered (%d straggling, %d dropped, %d surplus), accuracy %s, %.1fs%s",
                  summary.round, summary.outcome, summary.answered, summary.selected, len(stragglers),
@@ -448,6 +453,8 @@ class RoundEngine:
         self._gauges_refreshed = now
         for agent_id in self.registry.forget_silent(now, self.settings.forget_agents_after_s):
             self.privacy.forget(agent_id)
+        if len(self.labels) > len(self.registry):  # the registry evicted some when full
+            self.labels.prune(lambda agent_id: self.registry.get(agent_id) is not None)
         self.metrics.set_online(self.registry.online_by_device(now))
 
 

@@ -7,6 +7,7 @@ A message that fails any check is dropped and counted by reason; the first drop 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from coordinator.metrics import CoordinatorMetrics
@@ -27,8 +28,11 @@ log = logging.getLogger(__name__)
 
 _MAX_LOGGED = 10_000
 
-_STATUS_LIMITS = DecodeLimits(max_payload_bytes=64 * 1024, max_array_elements=1, max_total_elements=1,
-                              max_container_len=256)
+def status_limits(num_classes: int) -> DecodeLimits:
+    """A status holds one array, the agent's label counts (8 bytes per class of the run's task)."""
+    n = max(1, num_classes)
+    return DecodeLimits(max_payload_bytes=64 * 1024 + 8 * n, max_array_elements=n, max_total_elements=n,
+                        max_container_len=256)
 
 
 class InboundFilter:
@@ -36,6 +40,7 @@ class InboundFilter:
         self.engine = engine
         self.metrics = metrics
         self.update_limits = DecodeLimits(max_payload_bytes=engine.settings.max_update_bytes)
+        self.status_limits = status_limits(engine.task.card.num_classes)
         self.reassembler = Reassembler(max_bytes=4 * engine.settings.max_update_bytes,
                                        max_bytes_per_source=engine.settings.max_update_bytes)
         self.trust = OPEN if engine.enrollment is None else Trust(engine.enrollment.lookup, required=True)
@@ -63,9 +68,10 @@ class InboundFilter:
         if not payload:  # a cleared retained status: the agent was removed
             self.engine.registry.forget(parsed.agent_id)
             self.engine.privacy.forget(parsed.agent_id)
+            self.engine.labels.forget(parsed.agent_id)
             return
         try:
-            received = decode_trusted(payload, AgentStatus, _STATUS_LIMITS, self.trust)
+            received = decode_trusted(payload, AgentStatus, self.status_limits, self.trust)
         except ProtocolError as exc:
             self.reject("agent_status", exc.reason.value, parsed.agent_id, exc.detail)
             return
@@ -82,6 +88,13 @@ class InboundFilter:
         if problem is not None:  # kept (the operator sees it) but never selected; counted at every status
             self.reject("agent_status", RejectReason.TASK_MISMATCH.value, parsed.agent_id, problem,
                         action="cannot select")
+        try:
+            self.engine.labels.observe_status(status)
+        except ValueError as exc:  # another label space than the run's task
+            self.reject("agent_status", RejectReason.TASK_MISMATCH.value, parsed.agent_id, str(exc),
+                        action="ignored the label counts of")
+        if status.label_counts is not None:
+            status = status.model_copy(update={"label_counts": None})  # kept once, in the label skew
         previous = self.engine.registry.get(status.agent_id)
         try:
             self.engine.observe_agent(status)
@@ -114,6 +127,9 @@ class InboundFilter:
         engine = self.engine
         try:
             admission = engine.policy.admit(parsed, update, self.admission_view())
+            if engine.settings.weighting == "kl" and update.task == "train":
+                factor = engine.labels.weight_factor(update.agent_id, engine.settings.kl_temperature)
+                admission = replace(admission, weight=admission.weight * factor)
             norm = engine.norms.check(update.family, update.delta) if update.delta else None
         except Defer:
             if not self.defer(parsed, update, size):

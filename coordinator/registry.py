@@ -105,6 +105,9 @@ class AgentRegistry:
         """A cleared retained status: the agent was decommissioned."""
         self._agents.pop(agent_id, None)
 
+    def __len__(self) -> int:
+        return len(self._agents)
+
     def get(self, agent_id: str) -> AgentRecord | None:
         return self._agents.get(agent_id)
 

@@ -35,7 +35,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+import numpy as np
 
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
@@ -158,7 +161,22 @@ class EdgeAgent:
             version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session, privacy=privacy,
             reconnects=self._link.reconnects if self._link is not None else 0, rejected=sum(self.rejected.values()),
             task_ref=self.worker.task.card.ref, layout=self.worker.layout, problem=self.problem,
+            label_counts=self.label_counts,
         )
+
+    @cached_property
+    def label_counts(self) -> np.ndarray | None:
+        """Training samples per class (the task's label space), computed once: the data never changes.
+
+        None for a regression task, and None under DP: a histogram of the raw training records is not
+        covered by DP-SGD (its guarantee is about the noised gradients), and noising it through the
+        ledger would spend budget on a statistic the training does not need, so a DP agent leaves it
+        out and the coordinator weights it as if it sat at the federation's label distribution.
+        """
+        train = self.worker.data.train
+        if self.worker.privacy is not None or not train.num_classes:
+            return None
+        return np.bincount(train.y, minlength=train.num_classes).astype(np.int64, copy=False)
 
     def _publish_status(self) -> None:
         assert self._link is not None

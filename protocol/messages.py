@@ -33,6 +33,8 @@ VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,31}$"
 TaskVersion = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
 
 MAX_AGENTS_PER_ROUND = 10_000
+MAX_CLASSES = 100_000
+"""The most classes a task's label space may declare (``TaskCard.classes``), and so ``label_counts`` may hold."""
 
 
 class WireModel(BaseModel):
@@ -105,6 +107,29 @@ class AgentStatus(Message):
     """Fingerprint of its model family's layout (``protocol.tasks.layout_fingerprint``)."""
     problem: str | None = Field(default=None, max_length=512)
     """Why it refuses rounds, when it does (e.g. a task or layout mismatch); None when it does not."""
+    label_counts: Array | None = None
+    """Its training samples per class, in the task's label space (index = label, length = the task's
+    classes), summing to ``num_samples``: what heterogeneity-aware weighting compares with the
+    federation's label distribution. None for regression tasks and for agents under DP (a histogram
+    of the raw training records is not covered by DP-SGD, so a DP agent leaves it out)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentStatus:
+        counts = self.label_counts
+        if counts is None:
+            return self
+        if counts.ndim != 1 or counts.dtype.kind not in "iu" or not 1 <= counts.size <= MAX_CLASSES:
+            raise PydanticCustomError("bad_shape", "label_counts must be a 1-D integer array of 1 to {m} classes",
+                                      {"m": MAX_CLASSES})
+        if (counts < 0).any():
+            raise PydanticCustomError("schema", "label_counts must be non-negative")
+        # Exact: int64 cannot wrap around below this bound; crafted counts above it are summed in Python's ints.
+        total = (int(counts.sum(dtype=np.int64)) if int(counts.max()) * counts.size < 2**63
+                 else sum(counts.tolist()))
+        if total != self.num_samples:
+            raise PydanticCustomError("schema", "label_counts sum to {t}, num_samples is {n}",
+                                      {"t": total, "n": self.num_samples})
+        return self
 
 
 class StateRef(WireModel):

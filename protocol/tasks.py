@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 
-from protocol.messages import Identifier, TaskRef, TaskVersion, WireModel
+from protocol.messages import MAX_CLASSES, Identifier, TaskRef, TaskVersion, WireModel
 
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 
@@ -28,7 +28,7 @@ class TaskCard(WireModel):
     name: Identifier
     version: TaskVersion
     kind: Literal["classification", "regression"] = "classification"
-    classes: tuple[ClassName, ...] = Field(default=(), max_length=100_000)
+    classes: tuple[ClassName, ...] = Field(default=(), max_length=MAX_CLASSES)
     """The declared label space, index = label; never inferred from one device's data."""
     families: tuple[Identifier, ...] = Field(min_length=1, max_length=64)
     embedding_dim: int | None = Field(default=None, ge=1, le=65_536)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from edge_agent.agent import EdgeAgent
+from edge_agent.data.datasets import Dataset
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, PROFILE_DELAYS, DelayModel, parse_delay
@@ -26,7 +27,9 @@ RUN = "run1"
 
 class FakeWorker:
     family = "f"
-    data = SimpleNamespace(train=[0] * 10, held_out=[0] * 2)
+    data = SimpleNamespace(train=Dataset(np.zeros((10, 1), np.float32), np.arange(10, dtype=np.int64) % 3, 3, "fake"),
+                           held_out=[0] * 2)
+    privacy = None
     task = SimpleNamespace(card=BUILTIN_CARDS["digits"])
     layout = layout({"w": np.ones(3, np.float32)})
 

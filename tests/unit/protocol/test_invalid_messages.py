@@ -216,3 +216,45 @@ def test_global_state_with_a_wrong_digest() -> None:
 )
 def test_global_state_with_tampered_content(tamper: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     assert reason_of(lambda: decode_message(encode(tamper(_global_state_dict())))) is Reason.DIGEST_MISMATCH
+
+
+# ---------------------------------------------------------------------------- agent label histograms
+
+
+def _status_dict(num_samples: int = 6, **overrides: Any) -> dict[str, Any]:
+    return {"v": SCHEMA_VERSION, "kind": "agent_status", "agent_id": "a0", "state": "online", "device": "rpi",
+            "family": "cnn", "num_samples": num_samples, "num_eval_samples": 2, "version": "t", "timestamp": 1.0,
+            "task_ref": {"name": "digits", "version": "1"}, "layout": "0" * 32, **overrides}
+
+
+@pytest.mark.parametrize("dtype", ["<i8", "<i4", "|u1", "<u8"])
+def test_a_label_histogram_summing_to_the_sample_count_passes(dtype: str) -> None:
+    message = decode_message(encode(_status_dict(label_counts=np.array([1, 0, 5], dtype=dtype))), expect=AgentStatus)
+    assert message.label_counts is not None and message.label_counts.tolist() == [1, 0, 5]
+    assert decode_message(encode(_status_dict()), expect=AgentStatus).label_counts is None  # optional
+
+
+@pytest.mark.parametrize(
+    ("counts", "num_samples", "reason"),
+    [
+        pytest.param(np.array([1, 2, 4], dtype="<i8"), 6, Reason.SCHEMA, id="sum-above"),
+        pytest.param(np.array([1, 2, 2], dtype="<i8"), 6, Reason.SCHEMA, id="sum-below"),
+        pytest.param(np.array([7, -1, 0], dtype="<i8"), 6, Reason.SCHEMA, id="negative"),
+        pytest.param(np.array([2**62, 2**62, 2**62, 2**62, 6], dtype="<i8"), 6, Reason.SCHEMA, id="sum-wraps-int64"),
+        pytest.param(np.array([[1, 2, 3]], dtype="<i8"), 6, Reason.BAD_SHAPE, id="2d"),
+        pytest.param(np.array(6, dtype="<i8"), 6, Reason.BAD_SHAPE, id="scalar"),
+        pytest.param(np.zeros(0, dtype="<i8"), 0, Reason.BAD_SHAPE, id="empty"),
+        pytest.param(np.array([1.0, 2.0, 3.0], dtype="<f8"), 6, Reason.BAD_SHAPE, id="float"),
+        pytest.param(np.array([True, False]), 1, Reason.BAD_SHAPE, id="bool"),
+        pytest.param(np.zeros(100_001, dtype="|u1"), 0, Reason.BAD_SHAPE, id="too-many-classes"),
+    ],
+)
+def test_bad_label_histograms_are_rejected(counts: np.ndarray, num_samples: int, reason: Reason) -> None:
+    message = encode(_status_dict(num_samples, label_counts=counts))
+    assert reason_of(lambda: decode_message(message, expect=AgentStatus)) is reason
+
+
+def test_a_label_histogram_of_the_most_classes_passes() -> None:
+    counts = np.zeros(100_000, dtype="<i8")
+    counts[-1] = 3
+    assert decode_message(encode(_status_dict(3, label_counts=counts)), expect=AgentStatus).label_counts is not None

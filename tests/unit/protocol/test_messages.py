@@ -70,6 +70,7 @@ def test_agent_status_round_trips(message: AgentStatus) -> None:
     decoded = round_trip(message)
     assert isinstance(decoded, AgentStatus)
     assert (decoded.privacy is None) == (message.privacy is None)
+    assert (decoded.label_counts is None) == (message.label_counts is None)
 
 
 @ROUND_TRIP

@@ -211,13 +211,22 @@ coordinator_statuses = st.builds(
     timestamp=finite_floats,
 )
 
-agent_statuses = st.builds(
+@st.composite
+def sample_counts(draw: st.DrawFn) -> tuple[int, np.ndarray | None]:
+    """``(num_samples, label_counts)``: a histogram of any integer dtype summing to the count, or none."""
+    if draw(st.booleans()):
+        return draw(counts), None
+    histogram = draw(hnp.arrays(draw(count_dtypes), (draw(st.integers(1, 12)),), elements=st.integers(0, 100)))
+    return int(histogram.sum(dtype=np.int64)), histogram
+
+
+agent_statuses = sample_counts().flatmap(lambda samples: st.builds(
     AgentStatus,
     agent_id=identifiers,
     state=st.sampled_from(["online", "offline", "budget_exhausted"]),
     device=identifiers,
     family=identifiers,
-    num_samples=counts,
+    num_samples=st.just(samples[0]),
     num_eval_samples=counts,
     version=versions,
     timestamp=finite_floats,
@@ -225,7 +234,8 @@ agent_statuses = st.builds(
     task_ref=task_refs,
     layout=digests,
     problem=st.none() | st.text(max_size=512),
-)
+    label_counts=st.just(samples[1]),
+))
 
 local_trainings = st.builds(
     LocalTraining,

@@ -1,0 +1,93 @@
+"""Round policies on slow, uneven fleets: synchronous FedAvg, with over-selection, and FedBuff.
+
+    python bench/async.py            # the full table (about 10 minutes on 2 cores)
+    python bench/async.py --quick    # a smoke run for CI: 6 agents, short delays (numbers meaningless)
+
+Part 1 (bench/async_rounds.py): wall-clock time to a target accuracy and the accuracy after a
+fixed wall-clock budget, for the three policies, in one run on the same fleet, data and seeds.
+The goal: FedBuff reaches the target at least 2x sooner than synchronous FedAvg, with a final
+accuracy within 1 point of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from async_rounds import FleetPlan, Mode, render, run_mode
+
+from launcher.broker import MosquittoBroker
+
+FULL = FleetPlan(agents=12, family="cnn_small", partition="iid", alpha=1.0, straggler_delay="profile", local_epochs=2,
+                 learning_rate=0.05, batch_size=16, budget_s=60.0, target=0.90)
+QUICK = FleetPlan(agents=6, family="mlp_tiny", partition="iid", alpha=1.0, straggler_delay="lognormal:0.05,0.5",
+                  local_epochs=1, learning_rate=0.05, batch_size=16, budget_s=5.0, target=0.5)
+
+
+def modes(plan: FleetPlan, quick: bool) -> list[Mode]:
+    rounds = 2 if quick else 12
+    wanted = round(plan.agents * 2 / 3)
+    buffer = plan.agents // 2
+    return [
+        Mode("sync FedAvg (deadline 30s, quorum 50%)", rounds,
+             {"round_deadline_s": 30.0, "quorum_fraction": 0.5, "fraction_fit": 1.0}),
+        Mode(f"sync, over-selection ({wanted} of {plan.agents})", rounds,
+             {"round_deadline_s": 30.0, "quorum_fraction": 0.5, "fraction_fit": wanted / plan.agents,
+              "over_selection": plan.agents / wanted - 1.0}),
+        Mode(f"FedBuff (K={buffer}, max staleness 4)", 3 * rounds,
+             {"mode": "async", "buffer_size": buffer, "max_staleness": 4, "round_deadline_s": 30.0,
+              "quorum_fraction": 0.5}),
+    ]
+
+
+def goals(plan: FleetPlan, rows: list[tuple[Mode, object]]) -> list[tuple[bool, str]]:
+    sync, fedbuff = rows[0][1], rows[-1][1]
+    t_sync, t_buff = sync.time_to(plan.target), fedbuff.time_to(plan.target)  # type: ignore[attr-defined]
+    speedup = (t_sync / t_buff) if t_sync and t_buff else None
+    gap = (fedbuff.final - sync.final) * 100  # type: ignore[attr-defined]
+    return [
+        (speedup is not None and speedup >= 2.0,
+         f"FedBuff reaches {plan.target:.0%} at least 2x sooner than synchronous FedAvg: "
+         f"{'never' if t_buff is None else f'{t_buff:.0f}s'} vs {'never' if t_sync is None else f'{t_sync:.0f}s'}"
+         f"{'' if speedup is None else f' ({speedup:.1f}x)'}"),
+        (abs(gap) <= 1.0 or gap > 0, f"final accuracy within 1 point of synchronous FedAvg (or above): {gap:+.2f} points"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="6 agents, short delays, 2 rounds: a smoke run for CI")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(1)  # many agents share two cores
+    plan = QUICK if args.quick else FULL
+    print(f"round policies ({'quick' if args.quick else 'full'}): {plan.agents} agents cycling jetson/rpi/phone, "
+          f"straggler delay {plan.straggler_delay}, {plan.family} on digits ({plan.partition}), {plan.local_epochs} "
+          f"local epochs, lr {plan.learning_rate:g}; target {plan.target:.0%}, budget {plan.budget_s:.0f}s")
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-async-") as work, \
+            MosquittoBroker(workdir=Path(work) / "broker") as broker:
+        rows = []
+        for mode in modes(plan, args.quick):
+            print(f"  running {mode.name} ...", end="", flush=True)
+            curve = run_mode(plan, mode, broker.url, Path(work))
+            print(f" {curve.versions} versions, final {curve.final:.2%} in {curve.wall_s:.0f}s", flush=True)
+            rows.append((mode, curve))
+    print()
+    print(render(plan, rows))
+    print()
+    for ok, text in goals(plan, rows):
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    print(f"\nto N%: wall seconds from the start until a published global model scored N% on the test split; acc @Bs: "
+          f"the newest model published by then; staleness: mean versions behind of accepted updates; too stale: "
+          f"updates dropped past max_staleness. {time.perf_counter() - started:.0f}s in all.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
