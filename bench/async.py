@@ -7,6 +7,10 @@ Part 1 (bench/async_rounds.py): wall-clock time to a target accuracy and the acc
 fixed wall-clock budget, for the three policies, in one run on the same fleet, data and seeds.
 The goal: FedBuff reaches the target at least 2x sooner than synchronous FedAvg, with a final
 accuracy within 1 point of it.
+
+Part 2 (bench/async_weighting.py): on a Dirichlet(0.1) split, where several agents hold one or
+two classes, ``--weighting kl`` (exp(-KL/T)) against plain sample-count weighting: accuracy and
+the spread of per-class accuracy.
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ from pathlib import Path
 
 import torch
 from async_rounds import FleetPlan, Mode, render, run_mode
+from async_weighting import SkewPlan, run_weighting
+from async_weighting import render as render_skew
 
 from launcher.broker import MosquittoBroker
 
 FULL = FleetPlan(agents=12, family="cnn_small", partition="iid", alpha=1.0, straggler_delay="profile", local_epochs=2,
                  learning_rate=0.05, batch_size=16, budget_s=60.0, target=0.90)
+SKEW_FULL = SkewPlan(agents=12, alpha=0.1, rounds=20, family="cnn_small", local_epochs=2, learning_rate=0.05,
+                     temperature=1.0)
+SKEW_QUICK = SkewPlan(agents=6, alpha=0.1, rounds=2, family="mlp_tiny", local_epochs=1, learning_rate=0.05,
+                      temperature=1.0)
 QUICK = FleetPlan(agents=6, family="mlp_tiny", partition="iid", alpha=1.0, straggler_delay="lognormal:0.05,0.5",
                   local_epochs=1, learning_rate=0.05, batch_size=16, budget_s=5.0, target=0.5)
 
@@ -78,11 +88,22 @@ def main(argv: list[str] | None = None) -> int:
             curve = run_mode(plan, mode, broker.url, Path(work))
             print(f" {curve.versions} versions, final {curve.final:.2%} in {curve.wall_s:.0f}s", flush=True)
             rows.append((mode, curve))
-    print()
-    print(render(plan, rows))
-    print()
-    for ok, text in goals(plan, rows):
-        print(f"{'PASS' if ok else 'MISS'}  {text}")
+        print()
+        print(render(plan, rows))
+        print()
+        for ok, text in goals(plan, rows):
+            print(f"{'PASS' if ok else 'MISS'}  {text}")
+        skew = SKEW_QUICK if args.quick else SKEW_FULL
+        print(f"\nweighting on Dirichlet({skew.alpha:g}), {skew.agents} agents, {skew.rounds} synchronous rounds, "
+              f"{skew.family}, T = {skew.temperature:g}:")
+        skew_rows = []
+        for weighting in ("samples", "kl"):
+            print(f"  running --weighting {weighting} ...", end="", flush=True)
+            result = run_weighting(skew, weighting, broker.url, Path(work))
+            print(f" {result.accuracy:.2%} in {result.wall_s:.0f}s", flush=True)
+            skew_rows.append((f"{weighting}" + (f" (T={skew.temperature:g})" if weighting == "kl" else ""), result))
+        print()
+        print(render_skew(skew, skew_rows))
     print(f"\nto N%: wall seconds from the start until a published global model scored N% on the test split; acc @Bs: "
           f"the newest model published by then; staleness: mean versions behind of accepted updates; too stale: "
           f"updates dropped past max_staleness. {time.perf_counter() - started:.0f}s in all.")

@@ -70,7 +70,10 @@ class FedBuffPolicy(RoundPolicy):
         view.check_task(update)
         if staleness:
             expected = view.version_digest(update.family, update.round)
-            if expected is None or update.base_digest != expected:
+            if expected is None:  # a bootstrap (weights, not a delta) once the family has a state, or forgotten
+                raise RejectedUpdate(RejectReason.STALE_BASE, f"version {update.round} of {update.family} had no "
+                                                              f"global state (or it is no longer remembered)")
+            if update.base_digest != expected:
                 raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not version "
                                                               f"{update.round}'s {expected}")
         view.check_payload(update, staleness == 0)

@@ -127,3 +127,34 @@ def test_a_second_update_of_an_agent_waits_for_the_next_buffer(tmp_path: Path) -
     engine.tick(), engine.tick()  # version 3 closes with a, b (stale), c; version 4 opens and takes b's v3 update
     assert engine.open.number == 4 and engine.open.updates["b"].round == 3
     assert rejected(metrics, "deferred_overflow") == 0
+
+
+def test_robust_rules_aggregate_the_buffer_with_staleness_weights(tmp_path: Path) -> None:
+    engine, outbox, _, _ = start(tmp_path, aggregator="median", buffer_size=3)
+    for agent in ("a", "b", "c"):
+        send(engine, update(engine, agent, 1))
+    engine.tick(), engine.tick()
+    v2 = state(outbox, 2)
+    send(engine, update(engine, "a", 2, delta=weights(1.0)))
+    send(engine, update(engine, "b", 2, delta=weights(2.0)))
+    send(engine, update(engine, "c", 2, delta=weights(100.0)))  # one outlier: the median ignores it
+    engine.tick(), engine.tick()
+    np.testing.assert_allclose(state(outbox, 3).weights["w"] - v2.weights["w"], 2.0, rtol=1e-6)
+
+
+def test_a_restarted_coordinator_still_checks_stale_bases(tmp_path: Path) -> None:
+    engine, outbox, metrics, clock = start(tmp_path)
+    for version in (1, 2):
+        send(engine, update(engine, "a", version))
+        send(engine, update(engine, "b", version))
+        engine.tick(), engine.tick()
+    v2 = state(outbox, 2).digest
+    engine.store.save("open_round", {"run_id": "other"})  # resume into a fresh round, not the open one
+    restarted, outbox2, metrics2 = make_engine(tmp_path, clock, mode="async", buffer_size=2, max_staleness=2,
+                                               rounds=6, min_available_agents=3, min_fit_agents=1)
+    for agent in ("a", "b", "c"):
+        hello(restarted, agent)
+    restarted.tick()
+    assert restarted.open.number == 3 and restarted.versions.digest("f", 2) == v2
+    send(restarted, update(restarted, "c", 2).model_copy(update={"base_digest": v2}))  # one behind: known base
+    assert "c" in restarted.open.updates and rejected(metrics2, "stale_base") == 0

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
+from coordinator.heterogeneity import HeterogeneityMetrics, LabelSkew
 from coordinator.metrics import CoordinatorMetrics
 from tests.chart import REPO
 
@@ -28,7 +29,10 @@ RANGE = re.compile(r"\[([^\]]+)\]")
 def exported_names() -> set[str]:
     """Every sample name the coordinator can export, labelled children included."""
     names: set[str] = set()
-    for family in CoordinatorMetrics(CollectorRegistry()).registry.collect():
+    registry = CollectorRegistry()
+    CoordinatorMetrics(registry)
+    HeterogeneityMetrics(registry).update(LabelSkew(3), temperature=1.0)  # the engine registers these too
+    for family in registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "info": ["_info"]}
         names |= {family.name + s for s in suffixes.get(family.type, [""])}
     return names

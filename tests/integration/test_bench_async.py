@@ -1,0 +1,27 @@
+"""bench/async.py --quick runs end to end (real broker, coordinator and agents) and prints both tables.
+
+Its numbers after two rounds mean nothing; only that every policy and weighting ran and printed.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.bench_runner import run_bench
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_async_bench_quick_prints_the_policies_and_the_weighting() -> None:
+    out = run_bench("async.py", "--quick", timeout_s=900)
+    rows = re.findall(r"^(sync FedAvg|sync, over-selection|FedBuff) .*?\s+(\d+)\s+(never|\d+s)\s+(\d+\.\d+)%", out,
+                      re.MULTILINE)
+    assert [name for name, *_ in rows] == ["sync FedAvg", "sync, over-selection", "FedBuff"], out
+    versions = {name: int(count) for name, count, *_ in rows}
+    assert versions["sync FedAvg"] == 2 and versions["FedBuff"] >= 2  # FedBuff runs three times the versions
+    verdicts = re.findall(r"^(PASS|MISS)  (.+)$", out, re.MULTILINE)
+    assert [text.split(" ")[0] for _, text in verdicts] == ["FedBuff", "final"]
+    weighting = re.findall(r"^(samples|kl \(T=1\))\s+(\d+\.\d+)%\s+(\d\.\d+)", out, re.MULTILINE)
+    assert [name for name, *_ in weighting] == ["samples", "kl (T=1)"], out
