@@ -21,7 +21,6 @@ import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from typing import Protocol
 
 from coordinator.checkpoint import CheckpointStore
 from coordinator.closing import Closure, InlineExecutor, aggregate, summarise, with_checkpoint_time
@@ -34,13 +33,13 @@ from coordinator.norms import NormGuard
 from coordinator.policies import Admission, build_policy
 from coordinator.policies.versions import VersionLog
 from coordinator.privacy import FleetPrivacy
+from coordinator.publisher import Outbox, Publisher
 from coordinator.registry import AgentRegistry
 from coordinator.retained import RetainedStates
 from coordinator.rounds import OpenRound, RoundSummary
 from coordinator.selection import plan_selection
 from coordinator.strategies.base import Strategy
 from coordinator.task_agreement import TaskAgreement
-from protocol.chunking import split_payload
 from protocol.messages import AgentStatus, CoordinatorStatus, LocalTraining, RoundAnnouncement, StateRef, Update
 from protocol.signing import SigningKey
 from protocol.topics import Topics
@@ -52,10 +51,6 @@ log = logging.getLogger(__name__)
 GAUGE_REFRESH_S = 1.0
 CHECKPOINT = "checkpoint"
 OPEN_ROUND = "open_round"
-
-
-class Outbox(Protocol):
-    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None: ...
 
 
 class RoundEngine:
@@ -109,6 +104,7 @@ class RoundEngine:
         self.connected = False
         self._ever_connected = False
         self.retained = RetainedStates(store)
+        self.out = Publisher(outbox, metrics, self.topics, self.retained, signing_key, settings.max_message_bytes)
         self._last_wait_log = -1e9
         self._gauges_refreshed = -1e9
         self.privacy = FleetPrivacy(metrics)
@@ -167,20 +163,31 @@ class RoundEngine:
         remaining = announcement.deadline_s - age
         wanted = int(saved.get("wanted", len(announcement.selected)))
         if remaining <= 0 and self.settings.resume_grace_s <= 0:
-            self.open = OpenRound(announcement, self._sealed(saved["announcement"]), now, now - age, wanted)
+            self.open = OpenRound(announcement, self.out.sealed(saved["announcement"]), now, now - age, wanted)
             self._begin_round(self.open)
             self._close_round(now, ("interrupted", "coordinator restarted after the deadline"))
             return
         # Past its deadline, the round still waits a grace period for the updates the broker queued
         # for us and those agents resend to the new session, rather than throw finished work away.
         remaining = max(remaining, self.settings.resume_grace_s)
-        self.open = OpenRound(announcement, self._sealed(saved["announcement"]), now + remaining, now - age, wanted)
+        self.open = OpenRound(announcement, self.out.sealed(saved["announcement"]), now + remaining, now - age, wanted)
         self._begin_round(self.open)
         log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)
 
     # -- inputs ----------------------------------------------------------------------
     def on_message(self, topic: str, payload: bytes) -> None:
         self.inbound.handle(topic, payload)
+
+    def forget_agent(self, agent_id: str) -> None:
+        """A cleared retained status: the agent was decommissioned."""
+        self.registry.forget(agent_id)
+        self.privacy.forget(agent_id)
+        self.labels.forget(agent_id)
+
+    def observe_labels(self, status: AgentStatus) -> AgentStatus:
+        """Keep the status's label counts (ValueError: another label space); the status without them."""
+        self.labels.observe_status(status)
+        return status if status.label_counts is None else status.model_copy(update={"label_counts": None})
 
     def observe_agent(self, status: AgentStatus) -> None:
         """Called by the inbound filter for every valid agent status."""
@@ -230,9 +237,9 @@ class RoundEngine:
         if self.closing is None:  # else the states are changing: the next round publishes them
             self._publish_states()
         if self.open is not None:
-            self._publish(self.topics.rounds_current, self.open.payload, "round", retain=True)
+            self.out.publish(self.topics.rounds_current, self.open.payload, "round", retain=True)
         elif not self.finished:  # no round open: an announcement still retained is stale (an old run's)
-            self._publish(self.topics.rounds_current, b"", "round", retain=True)
+            self.out.publish(self.topics.rounds_current, b"", "round", retain=True)
 
     def tick(self) -> float:
         """Advance on the clock; returns how long the caller may wait before the next tick."""
@@ -289,12 +296,12 @@ class RoundEngine:
         plain = encode_message(announcement)
         self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": plain,
                                      "wanted": wanted})
-        payload = self._sealed(plain)
+        payload = self.out.sealed(plain)
         self.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
         self._begin_round(self.open)
         started = time.perf_counter()
         self.open.bytes_out += self._publish_states()
-        self.open.bytes_out += self._publish(self.topics.rounds_current, payload, "round", retain=True)
+        self.open.bytes_out += self.out.publish(self.topics.rounds_current, payload, "round", retain=True)
         self._publish_status("online")
         self.open.publish_s = time.perf_counter() - started
         self.metrics.current_round.set(number)
@@ -407,45 +414,20 @@ class RoundEngine:
         })
 
     def _publish_states(self) -> int:
-        """Publish (retained) every family state not yet sent on this connection; clear superseded ones."""
-        sent = 0
-        for family, state in list(self.strategy.states.items()):
-            if not self.retained.needs_publishing(family, state.round, state.digest):
-                continue
-            payload = self._sealed(encode_message(state.message(self.run_id, family)))
-            for piece in split_payload(payload, self.settings.max_message_bytes):
-                sent += self._publish(self.topics.global_state(family, state.round), piece, "global_state", retain=True)
-            superseded = self.retained.published(family, state.round, state.digest)
-            if superseded is not None:
-                self._publish(self.topics.global_state(family, superseded), b"", "global_state", retain=True)
-        self.retained.save()
-        return sent
+        return self.out.states(self.strategy.states, self.run_id)
 
     def _publish_status(self, state: str) -> None:
-        status = CoordinatorStatus(
+        self.out.status(self._status(state, self.open.number if self.open else max(self.next_round - 1, 0)))
+
+    def _status(self, state: str, round_number: int) -> CoordinatorStatus:
+        return CoordinatorStatus(
             federation=self.settings.federation, run_id=self.run_id or "none", session=self.session, state=state,
-            round=self.open.number if self.open else max(self.next_round - 1, 0),
-            algorithm=self.strategy.algorithm, version=SOFTWARE_VERSION, timestamp=self.wall_clock(),
-        )
-        self._publish(self.topics.coordinator_status, self._sealed(encode_message(status)), "coordinator_status",
-                      retain=True)
-
-    def _sealed(self, payload: bytes) -> bytes:
-        """``payload`` in a signed envelope (deterministic: the same payload seals to the same bytes)."""
-        return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
-
-    def _publish(self, topic: str, payload: bytes, kind: str, *, retain: bool) -> int:
-        self.outbox.publish(topic, payload, retain=retain)
-        self.metrics.bytes_sent.labels(kind).inc(len(payload))
-        self.metrics.messages_sent.labels(kind).inc()
-        return len(payload)
+            round=round_number, algorithm=self.strategy.algorithm, version=SOFTWARE_VERSION,
+            timestamp=self.wall_clock())
 
     def offline_status(self) -> bytes:
         """The last will: published by the broker if this process dies."""
-        return self._sealed(encode_message(CoordinatorStatus(
-            federation=self.settings.federation, run_id=self.run_id or "none", session=self.session,
-            state="offline", round=max(self.next_round - 1, 0), algorithm=self.strategy.algorithm,
-            version=SOFTWARE_VERSION, timestamp=self.wall_clock())))
+        return self.out.sealed(encode_message(self._status("offline", max(self.next_round - 1, 0))))
 
     def _refresh_online_gauges(self, now: float) -> None:
         if now - self._gauges_refreshed < GAUGE_REFRESH_S:  # tick runs after every message batch

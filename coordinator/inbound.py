@@ -66,9 +66,7 @@ class InboundFilter:
     def _agent_status(self, parsed: ParsedTopic, payload: bytes) -> None:
         assert parsed.agent_id is not None
         if not payload:  # a cleared retained status: the agent was removed
-            self.engine.registry.forget(parsed.agent_id)
-            self.engine.privacy.forget(parsed.agent_id)
-            self.engine.labels.forget(parsed.agent_id)
+            self.engine.forget_agent(parsed.agent_id)
             return
         try:
             received = decode_trusted(payload, AgentStatus, self.status_limits, self.trust)
@@ -89,12 +87,11 @@ class InboundFilter:
             self.reject("agent_status", RejectReason.TASK_MISMATCH.value, parsed.agent_id, problem,
                         action="cannot select")
         try:
-            self.engine.labels.observe_status(status)
+            status = self.engine.observe_labels(status)
         except ValueError as exc:  # another label space than the run's task
             self.reject("agent_status", RejectReason.TASK_MISMATCH.value, parsed.agent_id, str(exc),
                         action="ignored the label counts of")
-        if status.label_counts is not None:
-            status = status.model_copy(update={"label_counts": None})  # kept once, in the label skew
+            status = status.model_copy(update={"label_counts": None})
         previous = self.engine.registry.get(status.agent_id)
         try:
             self.engine.observe_agent(status)
