@@ -31,7 +31,7 @@ from launcher.broker import MosquittoBroker
 
 FULL = FleetPlan(agents=12, family="cnn_small", partition="iid", alpha=1.0, straggler_delay="profile", local_epochs=2,
                  learning_rate=0.05, batch_size=16, budget_s=60.0, target=0.90)
-SKEW_FULL = SkewPlan(agents=12, alpha=0.1, rounds=20, family="cnn_small", local_epochs=2, learning_rate=0.05,
+SKEW_FULL = SkewPlan(agents=12, alpha=0.1, rounds=30, family="cnn_small", local_epochs=2, learning_rate=0.05,
                      temperature=1.0)
 SKEW_QUICK = SkewPlan(agents=6, alpha=0.1, rounds=2, family="mlp_tiny", local_epochs=1, learning_rate=0.05,
                       temperature=1.0)

@@ -31,6 +31,9 @@ class SkewPlan:
     local_epochs: int
     learning_rate: float
     temperature: float
+    batch_size: int = 16
+    momentum: float = 0.0
+    """Plain local SGD: on a split this skewed, momentum amplifies client drift (bench/accuracy.py's tuning)."""
 
 
 @dataclass
@@ -52,7 +55,8 @@ def run_weighting(plan: SkewPlan, weighting: str, broker_url: str, workdir: Path
     coordinator = CoordinatorSettings(
         federation=federation, broker_url=broker_url, state_dir=workdir / federation / "coordinator",
         rounds=plan.rounds, min_available_agents=plan.agents, min_fit_agents=plan.agents, fraction_fit=1.0,
-        local_epochs=plan.local_epochs, learning_rate=plan.learning_rate, seed=seed, init_seed=seed,
+        local_epochs=plan.local_epochs, learning_rate=plan.learning_rate, momentum=plan.momentum, batch_size=plan.batch_size, seed=seed,
+        init_seed=seed,
         round_deadline_s=600.0, quorum_fraction=1.0, evaluate_final=False, weighting=weighting,  # type: ignore[arg-type]
         kl_temperature=plan.temperature,
     )
