@@ -28,9 +28,14 @@ log = logging.getLogger(__name__)
 
 _MAX_LOGGED = 10_000
 
+STATUS_MIN_CLASSES = 1024
+"""Label counts a status may carry even when the run's task has fewer classes: an agent of another task
+must still be heard (and counted as ``task_mismatch``), not dropped as too large."""
+
+
 def status_limits(num_classes: int) -> DecodeLimits:
-    """A status holds one array, the agent's label counts (8 bytes per class of the run's task)."""
-    n = max(1, num_classes)
+    """A status holds one array, the agent's label counts (8 bytes per class)."""
+    n = max(STATUS_MIN_CLASSES, num_classes)
     return DecodeLimits(max_payload_bytes=64 * 1024 + 8 * n, max_array_elements=n, max_total_elements=n,
                         max_container_len=256)
 

@@ -18,6 +18,7 @@ from protocol.messages import RoundAnnouncement, Update
 from tests.integration.chaos import small_fleet
 from tests.integration.wire import (
     WireRecorder,
+    assert_agents_exit_cleanly,
     assert_all_completed,
     decode_wire,
     metric,
@@ -42,6 +43,7 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     })
     with fleet:
         rounds = wait_for_rounds(fleet, VERSIONS + 1, 240)
+        assert_agents_exit_cleanly(fleet, 60)
         samples = scrape(fleet.http_port)
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
     assert_all_completed(rounds, VERSIONS + 1)
