@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from protocol.arrays import Array, Arrays
 from protocol.digest import digest_arrays
 from protocol.version import SCHEMA_VERSION
+from protocol.wire_model import WireModel
 
 IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
@@ -35,12 +36,6 @@ TaskVersion = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
 MAX_AGENTS_PER_ROUND = 10_000
 MAX_CLASSES = 100_000
 """The most classes a task's label space may declare (``TaskCard.classes``), and so ``label_counts`` may hold."""
-
-
-class WireModel(BaseModel):
-    model_config = ConfigDict(
-        strict=True, frozen=True, extra="forbid", allow_inf_nan=False, arbitrary_types_allowed=True
-    )
 
 
 class Message(WireModel):
