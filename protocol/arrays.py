@@ -26,13 +26,16 @@ def all_finite(array: np.ndarray) -> bool:
     Fast path for real float32/float64: a NaN or Inf anywhere makes the dot product of the
     array with itself non-finite, and BLAS computes it in one pass without a temporary. A
     finite dot proves every element finite; a non-finite one (possibly mere overflow of
-    large values) falls back to the exact elementwise check.
+    large values) falls back to the exact elementwise check. float16 is checked on its bits.
     """
     if array.dtype.kind == "f" and array.dtype.itemsize >= 4:
         flat = array.reshape(-1)
         with np.errstate(all="ignore"):
             if np.isfinite(np.dot(flat, flat)):
                 return True
+    elif array.dtype.kind == "f" and array.dtype.itemsize == 2:  # float16 math is emulated: test the bits
+        bits = array.view(np.dtype(np.uint16).newbyteorder(array.dtype.byteorder))
+        return not bool(((bits & 0x7C00) == 0x7C00).any())  # all exponent bits set: NaN or Inf
     return bool(np.isfinite(array).all())
 
 
