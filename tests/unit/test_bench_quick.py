@@ -24,3 +24,10 @@ def test_signing_bench_quick_prints_its_table() -> None:
     for params in ("127,000", "1,000,000"):
         assert re.search(rf"^\s*{params}\s+[\d,]+(\s+\d+\.\d+){{7}}\s+\d+\.\d+$", out, re.MULTILINE), (params, out)
         assert re.search(rf"^(PASS|MISS)\s+{params} params: verifying an update", out, re.MULTILINE), out
+
+
+def test_compression_codec_bench_prints_its_table() -> None:
+    out = run_bench("compression_codec.py", "--n", "20000", "--repeats", "1", timeout_s=120)
+    assert re.search(r"^kind\s+encode ms\s+decode ms\s+bytes\s+of none$", out, re.MULTILINE), out
+    for kind in ("none", "fp16", "int8", "topk:0.1", "topk:0.01"):
+        assert re.search(rf"^{re.escape(kind)}\s+\d+\.\d+\s+\d+\.\d+\s+[\d,]+\s+\d\.\d+$", out, re.MULTILINE), (kind, out)
