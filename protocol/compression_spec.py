@@ -31,6 +31,8 @@ class CompressionSpec:
         elif isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
                 or not (math.isfinite(self.fraction) and 0 < self.fraction <= 1):
             raise ValueError(f"topk fraction must be a number in (0, 1], got {self.fraction!r}")
+        else:
+            object.__setattr__(self, "fraction", float(self.fraction))  # canonical: topk:1 reads back as 1.0
 
     @classmethod
     def parse(cls, text: str) -> CompressionSpec:

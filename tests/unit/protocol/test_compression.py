@@ -46,6 +46,7 @@ def test_spec_text_round_trips(text: str) -> None:
 def test_spec_parses_fraction_forms() -> None:
     assert CompressionSpec.parse(" topk:1e-3 ") == CompressionSpec("topk", 0.001)
     assert str(CompressionSpec.parse("topk:1")) == "topk:1.0"
+    assert str(CompressionSpec("topk", 1)) == "topk:1.0" and isinstance(CompressionSpec("topk", 1).fraction, float)
 
 
 @pytest.mark.parametrize(("text", "problem"), [
