@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from protocol.compression import CompressionSpec
 from protocol.messages import MAX_AGENTS_PER_ROUND
 from protocol.mqtt import BrokerAddress, tls_file_setting
 from protocol.tasks import TaskCard, load_task_card
@@ -71,6 +72,10 @@ class CoordinatorSettings(BaseSettings):
     proto_normalize: bool = Field(default=False, description="fedproto: L2-normalise embeddings and prototypes")
     init_seed: int = Field(default=0, ge=0, lt=2**31)
     evaluate_final: bool = True
+
+    compression: str = Field(default="none", description=(
+        "how agents compress their update's delta: none, fp16, int8 (stochastic rounding, unbiased) or topk:F "
+        "(the largest fraction F of entries, the rest kept on the device as error feedback)"))
 
     # how rounds run (coordinator/policies)
     mode: Literal["sync", "async"] = Field(default="sync", description=(
@@ -163,6 +168,11 @@ class CoordinatorSettings(BaseSettings):
     def _task(cls, value: str) -> str:
         load_task_card(value)  # a clear error at start-up, naming the field
         return value
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: str) -> str:
+        return str(CompressionSpec.parse(value))  # a clear error at start-up, naming the field
 
     @field_validator("client_id")
     @classmethod

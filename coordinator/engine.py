@@ -209,6 +209,9 @@ class RoundEngine:
             self.norms.accepted(update.family, norm)
         if update.task == "train":
             self.metrics.staleness.observe(admission.staleness)
+        residual = update.metrics.extra.get("ef_residual_norm")
+        if residual is not None:
+            self.metrics.residual_norm.set(residual)
         self.open.updates[update.agent_id] = self.strategy.admit(update, admission.weight)
         self.open.bytes_in += size
         self.metrics.updates.labels("accepted").inc()
@@ -292,6 +295,7 @@ class RoundEngine:
             params=self.strategy.round_params(number), selected=selected,
             states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in self.strategy.states.items()},
             init_seed=s.init_seed, issued_at=self.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
+            compression=s.compression if task == "train" else "none",
         )
         plain = encode_message(announcement)
         self.store.save(OPEN_ROUND, {"run_id": self.run_id, "round": number, "announcement": plain,

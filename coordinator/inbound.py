@@ -14,7 +14,9 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.policies import AdmissionView, Defer
 from coordinator.registry import RegistryFull
 from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.unpacking import unpack_update, update_raw_bytes
 from protocol.chunking import Reassembler, receive
+from protocol.compression import CompressionSpec
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, Update
@@ -46,6 +48,7 @@ class InboundFilter:
         self.metrics = metrics
         self.update_limits = DecodeLimits(max_payload_bytes=engine.settings.max_update_bytes)
         self.status_limits = status_limits(engine.task.card.num_classes)
+        self.compression = CompressionSpec.parse(engine.settings.compression)
         self.reassembler = Reassembler(max_bytes=4 * engine.settings.max_update_bytes,
                                        max_bytes_per_source=engine.settings.max_update_bytes)
         self.trust = OPEN if engine.enrollment is None else Trust(engine.enrollment.lookup, required=True)
@@ -119,10 +122,13 @@ class InboundFilter:
             if received.signer is not None and received.signer != received.message.agent_id:
                 raise RejectedUpdate(RejectReason.SIGNER_MISMATCH,
                                      f"update of {received.message.agent_id} signed by {received.signer}'s key")
+            update = unpack_update(received.message, self.compression, self.engine.strategy.states)
         except (ProtocolError, RejectedUpdate) as exc:
             self._rejected_update(parsed, exc)
             return
-        self.admit(parsed, received.message, received.size)
+        self.metrics.update_wire_bytes.inc(received.size)
+        self.metrics.update_raw_bytes.inc(update_raw_bytes(update))
+        self.admit(parsed, update, received.size)
 
     def admit(self, parsed: ParsedTopic, update: Update, size: int) -> None:
         """The round policy's verdict on a decoded, signature-checked update (also for one it deferred)."""

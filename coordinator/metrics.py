@@ -91,6 +91,14 @@ class CoordinatorMetrics:
         self.deferred = Counter("fl_updates_deferred_total",
                                 "Asynchronous rounds: updates held for the next buffer (their agent was in this "
                                 "one, or a buffer was being aggregated)", registry=r)
+        self.update_wire_bytes = Counter("fl_update_wire_bytes_total",
+                                         "Bytes of updates as received (compressed or not)", registry=r)
+        self.update_raw_bytes = Counter("fl_update_raw_bytes_total",
+                                        "Bytes the same updates' arrays take uncompressed: over the wire bytes, the "
+                                        "compression ratio", registry=r)
+        self.residual_norm = Gauge("fl_error_feedback_residual_norm",
+                                   "L2 norm of the top-k error-feedback residual the last accepted update's agent "
+                                   "keeps", registry=r)
         self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
                                    ["device"], registry=r)
         self.accuracy = Gauge("fl_federated_accuracy_ratio",

@@ -30,6 +30,8 @@ class RejectReason(str, Enum):
     """Asynchronous rounds: trained from a global version more than max_staleness versions old."""
     DEFERRED_OVERFLOW = "deferred_overflow"
     """Asynchronous rounds: more updates waiting for the next buffer than it may hold."""
+    COMPRESSION_MISMATCH = "compression_mismatch"
+    """A delta packed otherwise than the run's compression says."""
     TASK_MISMATCH = "task_mismatch"
     """Another task or version than the run's, or a model layout other than the one announced for its family."""
     BAD_SHAPE = "bad_shape"

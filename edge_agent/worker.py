@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from edge_agent.algorithms import RoundContext, build_client_algorithm
 from edge_agent.attacks import Attack, AttackContext, forge_payload
+from edge_agent.compression import DeltaCompressor
 from edge_agent.data.local import LocalData
 from edge_agent.state import AgentStateDir
 from edge_agent.tasks.base import Task
@@ -120,6 +121,11 @@ class LocalWorker:
             attack_context = AttackContext(self.agent_id, announcement.run_id, announcement.round, self.family)
             payload = forge_payload(self.attack, payload, init, attack_context)
             extra.update(self.attack.report())
+        # Last: compression post-processes the (privatised, or forged) update the agent would send.
+        compressor = DeltaCompressor(self.state, self.agent_id, announcement.run_id, self.family, announcement.round)
+        payload = compressor.compress(payload, announcement.compression)
+        if compressor.residual_norm is not None:
+            extra["ef_residual_norm"] = compressor.residual_norm
         private = self.privacy is not None
         try:
             metrics = TrainMetrics(
@@ -133,6 +139,7 @@ class LocalWorker:
         except ValidationError as exc:  # e.g. a NaN metric: the same verdict the coordinator would give
             raise protocol_error(exc) from None
         algorithm.commit()
+        compressor.commit()
         return update
 
 

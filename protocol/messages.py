@@ -13,6 +13,7 @@ from pydantic import Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from protocol.arrays import Array, Arrays
+from protocol.compression import Compression, PackedArray
 from protocol.digest import digest_arrays
 from protocol.version import SCHEMA_VERSION
 from protocol.wire_model import WireModel
@@ -168,6 +169,8 @@ class RoundAnnouncement(Message):
     deadline_s: float = Field(gt=0.0)
     """Seconds after ``issued_at``; relative so that skewed device clocks still agree."""
     last_round: Round
+    compression: Compression = "none"
+    """How agents compress their delta's float arrays (``protocol.compression.CompressionSpec`` text)."""
 
     @model_validator(mode="after")
     def _refs_match_families(self) -> RoundAnnouncement:
@@ -249,6 +252,8 @@ class Update(Message):
     weights: Arrays = Field(default_factory=dict, max_length=4096)
     delta: Arrays = Field(default_factory=dict, max_length=4096)
     control_delta: Arrays = Field(default_factory=dict, max_length=4096)
+    packed_delta: dict[str, PackedArray] = Field(default_factory=dict, max_length=4096)
+    """The delta's float arrays, compressed as the round asked; integer arrays stay in ``delta``."""
     prototypes: Array | None = None
     prototype_counts: Array | None = None
     metrics: TrainMetrics
@@ -258,7 +263,11 @@ class Update(Message):
     def _check(self) -> Update:
         if self.weights and self.delta:
             raise PydanticCustomError("schema", "an update carries weights or a delta, not both")
-        model_payload = bool(self.weights or self.delta)
+        if self.packed_delta and self.weights:
+            raise PydanticCustomError("schema", "weights travel uncompressed")
+        if self.packed_delta.keys() & self.delta.keys():
+            raise PydanticCustomError("schema", "an array travels packed or plain, not both")
+        model_payload = bool(self.weights or self.delta or self.packed_delta)
         if self.task == "evaluate" and (model_payload or self.control_delta or self.prototypes is not None):
             raise PydanticCustomError("schema", "an evaluation answer carries no model payload")
         _check_prototypes(self.prototypes, self.prototype_counts)

@@ -1,0 +1,68 @@
+"""An agent compresses its delta as the round asks, after everything else (DP included) is done.
+
+Compression is post-processing of the update the agent would have sent: under DP-SGD the delta
+is already privatised, so compressing it costs no privacy. fp16 and int8 (stochastic rounding,
+unbiased) need no memory; top-k keeps what it did not send as an error-feedback residual in the
+state directory, per run and family (``ef-{run}-{family}``), added to the next round's delta,
+so a reboot does not lose it. Integer arrays (counters) always travel uncompressed.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import Any
+
+import numpy as np
+
+from edge_agent.state import AgentStateDir
+from protocol.arrays import layout_of
+from protocol.compression import CompressionSpec, pack_arrays, split_compressible
+from protocol.error_feedback import ErrorFeedback
+
+log = logging.getLogger(__name__)
+
+FILE_PREFIX = "ef-"
+
+
+class DeltaCompressor:
+    """One round's compression of one update; ``commit`` once the update is known to be sent."""
+
+    def __init__(self, state: AgentStateDir, agent_id: str, run_id: str, family: str, round_number: int) -> None:
+        self.state = state
+        self.name = f"{FILE_PREFIX}{run_id}-{family}"
+        self.seed = zlib.crc32(f"{agent_id}:{run_id}:{round_number}".encode())
+        self._feedback: ErrorFeedback | None = None
+        self.residual_norm: float | None = None
+
+    def compress(self, payload: dict[str, Any], compression: str) -> dict[str, Any]:
+        """``payload`` with its delta's float arrays moved, packed, into ``packed_delta``."""
+        spec = CompressionSpec.parse(compression)
+        delta = payload.get("delta")
+        if spec.kind == "none" or not delta:
+            return payload  # nothing to compress (e.g. a bootstrap round sends whole weights)
+        floats, rest = split_compressible(delta)
+        rng = np.random.default_rng(self.seed)
+        if spec.kind == "topk":
+            self._feedback = self._load_feedback(floats)
+            packed = self._feedback.pack(floats, spec, rng)
+            self.residual_norm = self._feedback.residual_norm()
+        else:
+            packed = pack_arrays(floats, spec, rng)
+        return {**payload, "delta": rest, "packed_delta": packed}
+
+    def commit(self) -> None:
+        """Keep the residual (top-k): only for an update that passed validation and will be sent."""
+        if self._feedback is not None:
+            self.state.remove_matching(FILE_PREFIX, keep=self.name)  # earlier runs' residuals
+            self.state.write_arrays(self.name, self._feedback.state_dict())
+
+    def _load_feedback(self, floats: dict[str, np.ndarray]) -> ErrorFeedback:
+        feedback = ErrorFeedback()
+        try:
+            saved = self.state.read_arrays(self.name)
+            if saved is not None:
+                feedback.load_state_dict(saved, layout_of(floats))
+        except ValueError as exc:  # a residual of another model or a damaged file: start from zero
+            log.warning("error-feedback residual %s unusable (%s); starting from zero", self.name, exc)
+        return feedback

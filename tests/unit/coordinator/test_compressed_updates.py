@@ -1,0 +1,56 @@
+"""Compressed updates through the engine: decoded before any check, aggregated as plain arrays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from protocol.compression import CompressionSpec, pack_arrays
+from protocol.messages import GlobalState, RoundAnnouncement
+from protocol.wire import decode_message
+from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, send, update, weights
+
+
+def to_round_two(tmp_path: Path, compression: str):  # type: ignore[no-untyped-def]
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock, compression=compression)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1, weights=weights(1.0)))
+    send(engine, update(engine, "b", 1, weights=weights(1.0)))
+    engine.tick(), engine.tick()
+    announced = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).compression
+    assert announced == str(CompressionSpec.parse(compression))
+    return engine, outbox, metrics
+
+
+def packed(engine, agent: str, value: float, compression: str):  # type: ignore[no-untyped-def]
+    plain = update(engine, agent, 2, delta=weights(value))
+    return plain.model_copy(update={"delta": {}, "packed_delta": pack_arrays(plain.delta, compression,
+                                                                             np.random.default_rng(0))})
+
+
+@pytest.mark.parametrize("compression", ["fp16", "int8", "topk:1"])
+def test_packed_deltas_aggregate_like_plain_ones(tmp_path: Path, compression: str) -> None:
+    engine, outbox, metrics = to_round_two(tmp_path, compression)
+    send(engine, packed(engine, "a", 0.5, compression))
+    send(engine, packed(engine, "b", 0.5, compression))
+    engine.tick(), engine.tick()
+    state = decode_message(outbox.last(TOPICS.global_state("f", 3)), GlobalState)
+    np.testing.assert_allclose(state.weights["w"], 1.5, atol=0.5 / 127 if compression == "int8" else 1e-3)
+    wire = metrics.registry.get_sample_value("fl_update_wire_bytes_total")
+    raw = metrics.registry.get_sample_value("fl_update_raw_bytes_total")
+    assert raw == 4 * 9 * 4 and wire > 0  # rounds 1 and 2, two updates each, 9 float32 each: counted raw
+
+
+def test_packed_deltas_of_another_kind_or_layout_are_rejected(tmp_path: Path) -> None:
+    engine, _, metrics = to_round_two(tmp_path, "int8")
+    send(engine, packed(engine, "a", 0.5, "fp16"))
+    assert rejected(metrics, "compression_mismatch") == 1
+    wrong = update(engine, "a", 2, delta={"w": np.zeros((3, 3), np.float32), "b": np.zeros(3, np.float32)})
+    send(engine, wrong.model_copy(update={"delta": {}, "packed_delta": pack_arrays(wrong.delta, "int8")}))
+    assert rejected(metrics, "bad_shape") == 1
+    send(engine, packed(engine, "a", 0.5, "int8"))  # the right one still gets in
+    assert "a" in engine.open.updates
