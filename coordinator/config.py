@@ -189,6 +189,10 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
+        if self.compression.startswith("topk") and self.momentum != 0.0:
+            raise ValueError(f"compression {self.compression} needs momentum 0 (add --momentum 0): with local momentum, "
+                             f"top-k's error feedback sends what it held back in bursts, and a large model stayed at "
+                             f"chance in bench/compression.py")
         if self.mode == "async" and self.algorithm not in ("fedavg", "fedprox"):
             raise ValueError(f"mode async runs fedavg or fedprox, not {self.algorithm}: SCAFFOLD's control variates "
                              f"and FedProto's prototypes assume every update starts from the same round")

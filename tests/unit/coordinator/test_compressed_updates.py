@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from coordinator.config import CoordinatorSettings
 from protocol.compression import CompressionSpec, pack_arrays
 from protocol.messages import GlobalState, RoundAnnouncement
 from protocol.wire import decode_message
@@ -15,7 +17,7 @@ from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine
 
 def to_round_two(tmp_path: Path, compression: str):  # type: ignore[no-untyped-def]
     clock = Clock()
-    engine, outbox, metrics = make_engine(tmp_path, clock, compression=compression)
+    engine, outbox, metrics = make_engine(tmp_path, clock, compression=compression, momentum=0.0)
     hello(engine, "a"), hello(engine, "b")
     engine.tick()
     send(engine, update(engine, "a", 1, weights=weights(1.0)))
@@ -24,6 +26,12 @@ def to_round_two(tmp_path: Path, compression: str):  # type: ignore[no-untyped-d
     announced = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).compression
     assert announced == str(CompressionSpec.parse(compression))
     return engine, outbox, metrics
+
+
+def test_top_k_needs_plain_local_sgd() -> None:
+    with pytest.raises(ValidationError, match="compression topk:0.01 needs momentum 0"):
+        CoordinatorSettings(compression="topk:0.01")
+    assert CoordinatorSettings(compression="topk:0.01", momentum=0.0).compression == "topk:0.01"
 
 
 def packed(engine, agent: str, value: float, compression: str):  # type: ignore[no-untyped-def]
