@@ -81,8 +81,6 @@ class RoundEngine:
         self.background = background or InlineExecutor()
         """Where rounds are aggregated and checkpointed: a thread in the service, inline in unit tests."""
         self.closing: tuple[Closure, Future[Closure]] | None = None
-        self.signing_key = signing_key
-        """Signs every status, announcement and global state published (None: unsigned, engine unit tests)."""
         self.enrollment = Enrollment(settings.enrollment_path, clock) if settings.enrollment == "required" else None
         if self.enrollment is None:
             log.warning("enrollment is open: any client that reaches the broker can join and send updates "
@@ -286,7 +284,8 @@ class RoundEngine:
         if len(selected) < min(len(available), math.ceil(fraction * len(available))):
             log.warning("round %d: %d agents available, selecting %d (max_agents_per_round)",
                         number, len(available), len(selected))
-        families = {r.status.family for r in pool if r.agent_id in set(selected)}
+        chosen = set(selected)  # once: the pool may hold 50,000 agents and a round select 10,000
+        families = {r.status.family for r in pool if r.agent_id in chosen}
         announcement = RoundAnnouncement(
             run_id=self.run_id, round=number, task=task, task_ref=self.task.card.ref,
             layouts={f: self.task.layouts[f] for f in sorted(families)}, algorithm=self.strategy.algorithm,

@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion, build_attack
@@ -50,8 +51,9 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
         min_size=settings.min_size, classes_per_client=settings.classes_per_client, data_seed=settings.data_seed,
         eval_fraction=settings.eval_fraction,
     )
-    check_model(task, family, task.build_model(family, seed=0), data.train)
-    privacy = _private_trainer(settings, task, family, state)
+    probe = task.build_model(family, seed=0)
+    check_model(task, family, probe, data.train)
+    privacy = _private_trainer(settings, probe, family, state)
     agent_id = settings.agent_id or state.agent_id(settings.device)  # written only once the rest is valid
     device = profile.torch_device()
     worker = LocalWorker(agent_id, task, family, data, device, settings.batch_size or profile.batch_size, state,
@@ -72,7 +74,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
                      coordinator_key=settings.pinned_coordinator_key())
 
 
-def _private_trainer(settings: AgentSettings, task: Task, family: str, state: AgentStateDir) -> PrivateTrainer | None:
+def _private_trainer(settings: AgentSettings, model: nn.Module, family: str,
+                     state: AgentStateDir) -> PrivateTrainer | None:
     """DP-SGD and the budget saved in the state dir, after checking the model can be trained with it."""
     if not settings.dp:
         return None
@@ -82,5 +85,5 @@ def _private_trainer(settings: AgentSettings, task: Task, family: str, state: Ag
     from edge_agent.privacy.trainer import PrivateTrainer
 
     config = DPConfig.from_settings(settings)
-    check_dp_compatible(task.build_model(family, seed=0), family)
+    check_dp_compatible(model, family)
     return PrivateTrainer.open(config, state)
