@@ -145,7 +145,7 @@ class RoundEngine:
         self.task.load_state_dict(saved.get("task") or {"name": "digits", "version": "1", "layouts": {}},  # format of 2026-11
                                   str(self.store.directory))
         self.versions.load_state_dict(saved.get("versions") or {})
-        self.versions.record(self.strategy.states)
+        self.versions.record(self.strategy.states, self.next_round)
         log.info("resumed run %s at round %d from %s", self.run_id, self.next_round, self.store.directory)
         if self.on_resumed is not None:
             self.on_resumed(self.last_summary)
@@ -385,7 +385,7 @@ class RoundEngine:
             self.inbound.reject("update", drop.reason.value, drop.agent_id, drop.detail)
         self.last_summary = summary
         self.finished = closure.finished
-        self.versions.record(self.strategy.states)
+        self.versions.record(self.strategy.states, self.next_round)  # what the next announcement carries
         self.norms.close_round(completed=summary.outcome == "completed" and summary.task == "train")
         self._record(summary, closure.stragglers, closure.dropouts)
         if self.finished:

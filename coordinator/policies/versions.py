@@ -21,11 +21,17 @@ class VersionLog:
         self.keep = keep
         self._digests: dict[str, dict[int, str]] = {}
 
-    def record(self, states: Mapping[str, _State]) -> None:
+    def record(self, states: Mapping[str, _State], version: int) -> None:
+        """Note what version ``version`` announces for every family.
+
+        Keyed by the announced version, not by ``state.round``: a family that had no update in the
+        last buffer keeps its older state, and its agents, training from version ``version``, report
+        that version as their base's number.
+        """
         for family, state in states.items():
             versions = self._digests.setdefault(family, {})
-            versions[state.round] = state.digest
-            for old in [r for r in versions if r < state.round - self.keep]:
+            versions[version] = state.digest
+            for old in [r for r in versions if r < version - self.keep]:
                 del versions[old]
 
     def digest(self, family: str, round_number: int) -> str | None:

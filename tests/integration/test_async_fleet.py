@@ -2,8 +2,8 @@
 
 What a run must show, however fast this machine is: every version and the evaluation complete;
 every update is either admitted (with its staleness counted) or dropped as too stale, late
-(after the last version), or, for version 1's weights, as having no base to be a delta of; the staleness histogram counts exactly the admitted training
-updates; the DP agent's updates are admitted and carry the epsilon it spent.
+(after the last version), or, for version 1's weights, as having no base to be a delta of; the
+staleness histogram counts exactly the admitted training updates; the DP agent's updates are admitted and carry the epsilon it spent.
 """
 
 from __future__ import annotations
@@ -60,9 +60,11 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     accepted = metric(samples, "fl_updates_total", outcome="accepted")
     assert accepted + sum(rejected.values()) == len(updates), (accepted, rejected, len(updates))
     assert rejected["duplicate"] == rejected["deferred_overflow"] == 0, rejected
-    # Version 1 bootstraps from the first two agents' weights; a later agent's weights have no delta base.
+    # Version 1 bootstraps from the weights its buffer admitted (two, or fewer when it closed at the
+    # deadline on a slow machine); a later agent's weights have no delta base, and only those are stale_base.
     bootstraps = sum(1 for u in train if u.weights)
-    assert rejected["stale_base"] <= bootstraps - 2, (rejected, bootstraps)
+    assert 1 <= rounds[0]["answered"] <= 2, rounds[0]
+    assert rejected["stale_base"] <= bootstraps - rounds[0]["answered"], (rejected, bootstraps, rounds[0])
     assert rejected["wrong_round"] == 0, rejected
     evaluated = sum(1 for u in updates if u.task == "evaluate")
     assert metric(samples, "fl_update_staleness_versions_count") == accepted - evaluated

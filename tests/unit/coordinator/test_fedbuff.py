@@ -25,13 +25,14 @@ def state(outbox, round_number: int) -> GlobalState:  # type: ignore[no-untyped-
     return decode_message([p for t, p, _ in outbox.sent if t == topic and p][-1], GlobalState)
 
 
-def start(tmp_path: Path, **overrides: object):  # type: ignore[no-untyped-def]
+def start(tmp_path: Path, agents: dict[str, str] | None = None, **overrides: object):  # type: ignore[no-untyped-def]
+    """An async engine with ``agents`` (id: family; default a, b, c of family f) online and version 1 open."""
     clock = Clock()
     settings = {"mode": "async", "buffer_size": 2, "max_staleness": 2, "rounds": 6, "min_available_agents": 3,
                 "min_fit_agents": 1, **overrides}
     engine, outbox, metrics = make_engine(tmp_path, clock, **settings)
-    for agent in ("a", "b", "c"):
-        hello(engine, agent)
+    for agent, family in (agents or {"a": "f", "b": "f", "c": "f"}).items():
+        hello(engine, agent, family=family)
     engine.tick()
     return engine, outbox, metrics, clock
 
@@ -158,3 +159,30 @@ def test_a_restarted_coordinator_still_checks_stale_bases(tmp_path: Path) -> Non
     assert restarted.open.number == 3 and restarted.versions.digest("f", 2) == v2
     send(restarted, update(restarted, "c", 2).model_copy(update={"base_digest": v2}))  # one behind: known base
     assert "c" in restarted.open.updates and rejected(metrics2, "stale_base") == 0
+
+
+def test_a_family_missing_from_a_buffer_keeps_its_stale_updates(tmp_path: Path) -> None:
+    """Version 3 carries family g's state of version 2 unchanged (no g update in buffer 2): a g agent
+    training from version 3 reports base round 3, and that base must still be known when it is stale."""
+    engine, outbox, metrics, _ = start(tmp_path, {"a": "f", "b": "f", "g1": "g"})
+
+    def of_g(round_number: int, **payload: object):  # type: ignore[no-untyped-def]
+        ref = announced(outbox).states.get("g")
+        fields = payload or ({"weights": weights(1.0)} if ref is None else {"delta": weights(0.5)})
+        return update(engine, "g1", round_number, **fields).model_copy(
+            update={"family": "g", "base_digest": ref.digest if ref else None})
+
+    send(engine, update(engine, "a", 1))
+    send(engine, of_g(1))
+    engine.tick(), engine.tick()  # version 2: both families bootstrapped
+    send(engine, update(engine, "a", 2))
+    send(engine, update(engine, "b", 2))
+    engine.tick(), engine.tick()  # version 3: only f moved; g's state is version 2's
+    assert announced(outbox).round == 3
+    from_v3 = of_g(3)
+    send(engine, update(engine, "a", 3))
+    send(engine, update(engine, "b", 3))
+    engine.tick(), engine.tick()  # version 4 open: g1's work from version 3 is one version stale
+    assert announced(outbox).round == 4
+    send(engine, from_v3)
+    assert rejected(metrics, "stale_base") == 0 and engine.open.updates["g1"].round == 3
