@@ -76,6 +76,9 @@ class CoordinatorSettings(BaseSettings):
     compression: str = Field(default="none", description=(
         "how agents compress their update's delta: none, fp16, int8 (stochastic rounding, unbiased) or topk:F "
         "(the largest fraction F of entries, the rest kept on the device as error feedback)"))
+    state_compression: Literal["none", "fp16"] = Field(default="none", description=(
+        "how global states go out: none (float32) or fp16 (half the bytes; the coordinator keeps float32 "
+        "master weights, agents widen to float32 losslessly)"))
 
     # how rounds run (coordinator/policies)
     mode: Literal["sync", "async"] = Field(default="sync", description=(

@@ -128,7 +128,18 @@ class InboundFilter:
             return
         self.metrics.update_wire_bytes.inc(received.size)
         self.metrics.update_raw_bytes.inc(update_raw_bytes(update))
+        if self.compression.kind != "none" and received.message.delta and not received.message.packed_delta:
+            self._uncompressed(received.message)
         self.admit(parsed, update, received.size)
+
+    def _uncompressed(self, update: Update) -> None:
+        """A plain delta in a compressed run: allowed (the round loses nothing), counted, and logged
+        once per agent with the reason the agent gave (an older agent gives none)."""
+        self.metrics.updates_uncompressed.labels("declined" if update.compression_declined else "unexplained").inc()
+        if (update.agent_id, "uncompressed") not in self._logged and len(self._logged) < _MAX_LOGGED:
+            self._logged.add((update.agent_id, "uncompressed"))
+            log.warning("%s sends its delta uncompressed although the run compresses with %s: %s", update.agent_id,
+                        self.compression, update.compression_declined or "it gave no reason")
 
     def admit(self, parsed: ParsedTopic, update: Update, size: int) -> None:
         """The round policy's verdict on a decoded, signature-checked update (also for one it deferred)."""

@@ -96,6 +96,9 @@ class CoordinatorMetrics:
         self.update_raw_bytes = Counter("fl_update_raw_bytes_total",
                                         "Bytes the same updates' arrays take uncompressed: over the wire bytes, the "
                                         "compression ratio", registry=r)
+        self.updates_uncompressed = Counter("fl_updates_uncompressed_total",
+                                            "Training deltas sent uncompressed in a run that compresses, by why: "
+                                            "declined (the agent said why) or unexplained", ["why"], registry=r)
         self.residual_norm = Gauge("fl_error_feedback_residual_norm",
                                    "L2 norm of the top-k error-feedback residual the last accepted update's agent "
                                    "keeps", registry=r)

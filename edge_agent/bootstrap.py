@@ -57,7 +57,7 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
     agent_id = settings.agent_id or state.agent_id(settings.device)  # written only once the rest is valid
     device = profile.torch_device()
     worker = LocalWorker(agent_id, task, family, data, device, settings.batch_size or profile.batch_size, state,
-                         privacy, attack)
+                         privacy, attack, compressors=settings.compressor_kinds())
     log.info("agent %s: task %s, device %s, family %s on %s, %d train / %d held-out samples",
              agent_id, task.card.ref, profile.name, family, device, len(data.train), len(data.held_out))
     straggler = settings.straggler_model()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -34,21 +35,34 @@ class DeltaCompressor:
         self.seed = zlib.crc32(f"{agent_id}:{run_id}:{round_number}".encode())
         self._feedback: ErrorFeedback | None = None
         self.residual_norm: float | None = None
+        self.declined: str | None = None
+        """Why the delta went uncompressed although the round asked for compression."""
 
-    def compress(self, payload: dict[str, Any], compression: str) -> dict[str, Any]:
-        """``payload`` with its delta's float arrays moved, packed, into ``packed_delta``."""
+    def compress(self, payload: dict[str, Any], compression: str,
+                 usable: Collection[str] = ("fp16", "int8", "topk")) -> dict[str, Any]:
+        """``payload`` with its delta's float arrays moved, packed, into ``packed_delta``.
+
+        Uncompressed, with ``declined`` saying why, when ``compression``'s kind is not among the
+        ``usable`` ones (what this device was configured to use) or packing fails."""
         spec = CompressionSpec.parse(compression)
         delta = payload.get("delta")
         if spec.kind == "none" or not delta:
             return payload  # nothing to compress (e.g. a bootstrap round sends whole weights)
+        if spec.kind not in usable:
+            self.declined = f"this agent does not use {spec.kind} (its compressors: {', '.join(sorted(usable)) or 'none'})"
+            return payload
         floats, rest = split_compressible(delta)
         rng = np.random.default_rng(self.seed)
-        if spec.kind == "topk":
-            self._feedback = self._load_feedback(floats)
-            packed = self._feedback.pack(floats, spec, rng)
-            self.residual_norm = self._feedback.residual_norm()
-        else:
-            packed = pack_arrays(floats, spec, rng)
+        try:
+            if spec.kind == "topk":
+                feedback = self._load_feedback(floats)
+                packed = feedback.pack(floats, spec, rng)
+                self._feedback, self.residual_norm = feedback, feedback.residual_norm()
+            else:
+                packed = pack_arrays(floats, spec, rng)
+        except ValueError as exc:  # e.g. arrays over the packed bounds: the plain delta still helps the round
+            self.declined = f"could not compress with {spec}: {exc}"[:200]
+            return payload
         return {**payload, "delta": rest, "packed_delta": packed}
 
     def commit(self) -> None:

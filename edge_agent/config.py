@@ -13,6 +13,8 @@ from protocol.mqtt import BrokerAddress, tls_file_setting
 from protocol.signing import PublicKey
 from protocol.topics import check_identifier
 
+USABLE_COMPRESSORS = ("fp16", "int8", "topk")
+
 
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FL_AGENT_", extra="forbid", validate_default=True)
@@ -55,6 +57,10 @@ class AgentSettings(BaseSettings):
         "gaussian_noise: sigma = s x RMS of the delta (default 100)"))
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
         "alie: send mean - z x std of the colluders' benign updates (default 1)"))
+
+    compressors: str = Field(default="fp16,int8,topk", description=(
+        "the update compressors this device may use (comma-separated: fp16, int8, topk; 'none' for none); a round "
+        "asking for another is answered uncompressed, and the update says why"))
 
     threads: int | None = Field(default=None, ge=0)
     batch_size: int | None = Field(default=None, ge=1)
@@ -103,6 +109,21 @@ class AgentSettings(BaseSettings):
     @classmethod
     def _agent_id(cls, value: str | None) -> str | None:
         return None if value is None else check_identifier(value, "agent_id")
+
+    @field_validator("compressors")
+    @classmethod
+    def _compressors(cls, value: str) -> str:
+        kinds = [k.strip() for k in value.split(",") if k.strip()]
+        if kinds == ["none"]:
+            return "none"
+        unknown = [k for k in kinds if k not in USABLE_COMPRESSORS]
+        if unknown or not kinds:
+            raise ValueError(f"compressors: {', '.join(unknown) or 'nothing'} is not one of "
+                             f"{', '.join(USABLE_COMPRESSORS)} (or 'none')")
+        return ",".join(k for k in USABLE_COMPRESSORS if k in kinds)  # canonical order, no repeats
+
+    def compressor_kinds(self) -> frozenset[str]:
+        return frozenset() if self.compressors == "none" else frozenset(self.compressors.split(","))
 
     @field_validator("coordinator_key")
     @classmethod

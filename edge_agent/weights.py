@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from protocol.arrays import check_layout
+from protocol.compression import widen_half
 
 
 def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
@@ -17,8 +18,12 @@ def get_arrays(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def set_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
-    """Load named arrays into ``model``; raises ProtocolError(BAD_SHAPE) if they do not fit it."""
-    check_layout(arrays, layout_of_model(model), "global weights")
+    """Load named arrays into ``model``; raises ProtocolError(BAD_SHAPE) if they do not fit it.
+
+    float16 arrays (a state published in half precision) widen to the model's float dtype."""
+    layout = layout_of_model(model)
+    arrays = widen_half(arrays, layout)
+    check_layout(arrays, layout, "global weights")
     state = {name: torch.from_numpy(np.array(a, copy=True)) for name, a in arrays.items()}
     model.load_state_dict(state, strict=True)
 

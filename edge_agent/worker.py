@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import zlib
 from collections.abc import Mapping
@@ -28,6 +29,8 @@ from protocol.wire import protocol_error
 if TYPE_CHECKING:
     from edge_agent.privacy.trainer import PrivateTrainer
 
+log = logging.getLogger(__name__)
+
 
 def check_finite(what: str, losses: list[float], payload: Mapping[str, object] | None = None) -> None:
     """Raise NON_FINITE if training diverged: a global state that does this is unusable, and an
@@ -43,7 +46,8 @@ def check_finite(what: str, losses: list[float], payload: Mapping[str, object] |
 
 class LocalWorker:
     def __init__(self, agent_id: str, task: Task, family: str, data: LocalData, device: torch.device, batch_size: int,
-                 state: AgentStateDir, privacy: PrivateTrainer | None = None, attack: Attack | None = None) -> None:
+                 state: AgentStateDir, privacy: PrivateTrainer | None = None, attack: Attack | None = None, *,
+                 compressors: frozenset[str] = frozenset(("fp16", "int8", "topk"))) -> None:
         self.agent_id = agent_id
         self.task = task
         self.family = family
@@ -57,6 +61,9 @@ class LocalWorker:
         """DP-SGD and its budget; None trains without DP."""
         self.attack = attack
         """Tests and benchmarks only: the Byzantine behaviour this agent adopts, if any."""
+        self.compressors = compressors
+        """The compressor kinds this device uses; a round asking for another is answered uncompressed."""
+        self._declined: str | None = None
 
     def refusal(self, announcement: RoundAnnouncement) -> str | None:
         """Why this agent cannot take part in ``announcement``'s round (task, version or layout), or None."""
@@ -123,9 +130,15 @@ class LocalWorker:
             extra.update(self.attack.report())
         # Last: compression post-processes the (privatised, or forged) update the agent would send.
         compressor = DeltaCompressor(self.state, self.agent_id, announcement.run_id, self.family, announcement.round)
-        payload = compressor.compress(payload, announcement.compression)
+        payload = compressor.compress(payload, announcement.compression, self.compressors)
         if compressor.residual_norm is not None:
             extra["ef_residual_norm"] = compressor.residual_norm
+        if compressor.declined is not None:
+            payload["compression_declined"] = compressor.declined
+            if compressor.declined != self._declined:  # once per reason, not every round
+                log.warning("round %d asked for compression %s; sending uncompressed: %s", announcement.round,
+                            announcement.compression, compressor.declined)
+        self._declined = compressor.declined
         private = self.privacy is not None
         try:
             metrics = TrainMetrics(

@@ -33,8 +33,8 @@ from protocol.errors import ProtocolError, Reason
 from protocol.wire_model import WireModel
 
 __all__ = ["MAX_PACKED_ELEMENTS", "Compression", "CompressionSpec", "ErrorFeedback", "PackedArray",
-           "check_packed_layout", "pack", "pack_arrays", "packed_bytes", "raw_bytes", "split_compressible",
-           "unpack", "unpack_arrays"]
+           "check_packed_layout", "half_precision", "pack", "pack_arrays", "packed_bytes", "raw_bytes",
+           "split_compressible", "to_float16", "unpack", "unpack_arrays", "widen_half"]
 
 MAX_PACKED_ELEMENTS = 2**31
 """The most entries one packed array may declare (prod(shape)), checked before anything allocates."""
@@ -121,12 +121,7 @@ def pack(array: np.ndarray, spec: CompressionSpec | str, rng: np.random.Generato
         raise ValueError("array holds NaN or Inf")
     fields: dict = {"kind": spec.kind, "shape": list(array.shape), "dtype": f"<f{array.dtype.itemsize}"}
     if spec.kind == "fp16":
-        with np.errstate(over="ignore"):
-            values = flat.astype(np.float16)
-        overflowed = (values.view(np.uint16) & 0x7C00) == 0x7C00  # all exponent bits: +-Inf, as x was finite
-        if overflowed.any():  # saturate (np.clip on float16 is emulated and slow: only where needed)
-            values[overflowed] = np.where(flat[overflowed] > 0, FP16_MAX, -FP16_MAX)
-        fields["values"] = values
+        fields["values"] = to_float16(flat)
     elif spec.kind == "int8":
         scale = _int8_scale(float(np.abs(flat).max()) if flat.size else 0.0, flat.dtype)
         scaled = flat / flat.dtype.type(scale)
@@ -148,6 +143,36 @@ def pack(array: np.ndarray, spec: CompressionSpec | str, rng: np.random.Generato
             values = np.clip(values, -FP32_MAX, FP32_MAX).astype(np.float32)
         fields["values"], fields["indices"] = values, indices
     return PackedArray(**fields)
+
+
+def to_float16(array: np.ndarray) -> np.ndarray:
+    """``array`` (finite floats) rounded to float16; values past +-65504 saturate there instead of
+    becoming Inf. Used for fp16 updates and for global states published in half precision."""
+    with np.errstate(over="ignore"):
+        values = array.astype(np.float16)
+    overflowed = (values.view(np.uint16) & 0x7C00) == 0x7C00  # all exponent bits: +-Inf, as x was finite
+    if overflowed.any():  # saturate (np.clip on float16 is emulated and slow: only where needed)
+        values[overflowed] = np.where(array[overflowed] > 0, FP16_MAX, -FP16_MAX)
+    return values
+
+
+def half_precision(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """float32/float64 arrays as float16 (:func:`to_float16`), the others as they are: the form of a
+    global state published with ``--state-compression fp16``."""
+    floats, rest = split_compressible(arrays)
+    halves = {name: to_float16(array) for name, array in floats.items()}
+    return {name: halves[name] if name in halves else rest[name] for name in arrays}
+
+
+def widen_half(arrays: Mapping[str, np.ndarray], expected: Layout) -> dict[str, np.ndarray]:
+    """Receivers' side of :func:`half_precision`: a float16 array where ``expected`` holds a wider
+    float becomes that dtype (lossless); every other array is left for the layout check to judge."""
+    out = dict(arrays)
+    for name, array in arrays.items():
+        want = expected.get(name)
+        if want is not None and array.dtype == np.float16 and want[1] in ("<f4", "<f8"):
+            out[name] = array.astype(np.dtype(want[1]))
+    return out
 
 
 def _int8_scale(peak: float, dtype: np.dtype) -> float:

@@ -254,6 +254,9 @@ class Update(Message):
     control_delta: Arrays = Field(default_factory=dict, max_length=4096)
     packed_delta: dict[str, PackedArray] = Field(default_factory=dict, max_length=4096)
     """The delta's float arrays, compressed as the round asked; integer arrays stay in ``delta``."""
+    compression_declined: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
+    """Why the delta travels uncompressed although the round asked for compression (this agent
+    does not use that compressor, or could not apply it); None otherwise."""
     prototypes: Array | None = None
     prototype_counts: Array | None = None
     metrics: TrainMetrics
@@ -267,6 +270,8 @@ class Update(Message):
             raise PydanticCustomError("schema", "weights travel uncompressed")
         if self.packed_delta.keys() & self.delta.keys():
             raise PydanticCustomError("schema", "an array travels packed or plain, not both")
+        if self.compression_declined is not None and (self.packed_delta or not self.delta):
+            raise PydanticCustomError("schema", "compression_declined travels with an uncompressed delta")
         model_payload = bool(self.weights or self.delta or self.packed_delta)
         if self.task == "evaluate" and (model_payload or self.control_delta or self.prototypes is not None):
             raise PydanticCustomError("schema", "an evaluation answer carries no model payload")

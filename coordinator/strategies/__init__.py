@@ -14,16 +14,20 @@ def build_strategy(settings: CoordinatorSettings) -> Strategy:
     from coordinator.aggregators import build_aggregator
 
     aggregator = build_aggregator(settings)
+    strategy: Strategy
     if settings.algorithm == "fedavg":
-        return FedAvg(aggregator, server_learning_rate=settings.server_learning_rate)
-    if settings.algorithm == "fedprox":
-        return FedProx(aggregator, mu=settings.prox_mu, server_learning_rate=settings.server_learning_rate)
-    if settings.algorithm == "scaffold":
-        return Scaffold(aggregator, server_learning_rate=settings.server_learning_rate)
-    if settings.algorithm == "fedproto":
-        return FedProto(aggregator, settings.proto_lambda, warmup_rounds=settings.proto_warmup_rounds,
-                        momentum=settings.proto_momentum, normalize=settings.proto_normalize)
-    raise ValueError(f"unknown algorithm {settings.algorithm!r}")
+        strategy = FedAvg(aggregator, server_learning_rate=settings.server_learning_rate)
+    elif settings.algorithm == "fedprox":
+        strategy = FedProx(aggregator, mu=settings.prox_mu, server_learning_rate=settings.server_learning_rate)
+    elif settings.algorithm == "scaffold":
+        strategy = Scaffold(aggregator, server_learning_rate=settings.server_learning_rate)
+    elif settings.algorithm == "fedproto":
+        strategy = FedProto(aggregator, settings.proto_lambda, warmup_rounds=settings.proto_warmup_rounds,
+                            momentum=settings.proto_momentum, normalize=settings.proto_normalize)
+    else:
+        raise ValueError(f"unknown algorithm {settings.algorithm!r}")
+    strategy.publish_states_as = "float16" if settings.state_compression == "fp16" else "float32"
+    return strategy
 
 
 __all__ = ["FedAvg", "FedProto", "FedProx", "Scaffold", "Strategy", "build_strategy"]

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -15,19 +15,30 @@ from coordinator.aggregators import AggregateFn, Aggregator
 from coordinator.rejects import RejectedUpdate, RejectReason
 from coordinator.strategies.folding import FOLD_RULES, RoundFolds, RoundRows
 from protocol.arrays import all_finite, check_layout, layout_of
+from protocol.compression import half_precision
 from protocol.messages import Algorithm, GlobalState, Update
+
+StatePrecision = Literal["float32", "float16"]
 
 
 @dataclass
 class FamilyState:
-    """The global state one model family starts round ``round`` from."""
+    """The global state one model family starts round ``round`` from.
+
+    ``weights`` is the coordinator's master copy; agents receive ``published_weights``, float16
+    when ``published_as`` says so (half the bytes), and ``digest`` is that of what they receive:
+    the base an update names. An agent's delta is taken from the rounded weights it loaded and
+    added to the master copy, so the rounding error never accumulates across rounds.
+    """
 
     round: int
     weights: dict[str, np.ndarray]
     control: dict[str, np.ndarray] = field(default_factory=dict)
     prototypes: np.ndarray | None = None
     prototype_counts: np.ndarray | None = None
-    digest: str = ""
+    published_as: StatePrecision = "float32"
+    digest: str = field(default="", init=False)
+    published_weights: dict[str, np.ndarray] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Every input was finite, but sums of them need not be (float32 overflows past 3.4e38):
@@ -37,12 +48,14 @@ class FamilyState:
         for name, array in parts.items():
             if array is not None and array.dtype.kind == "f" and not all_finite(array):
                 raise AggregationError(FailureReason.NON_FINITE_RESULT, f"round {self.round} state: {name} is not finite")
-        self.digest = GlobalState.compute_digest(self.weights, self.control, self.prototypes, self.prototype_counts)
+        self.published_weights = half_precision(self.weights) if self.published_as == "float16" else self.weights
+        self.digest = GlobalState.compute_digest(self.published_weights, self.control, self.prototypes,
+                                                 self.prototype_counts)
 
     def message(self, run_id: str, family: str) -> GlobalState:
         # Checked and digested in __post_init__: validating again would hash the whole model twice.
         return GlobalState.model_construct(
-            run_id=run_id, family=family, round=self.round, digest=self.digest, weights=self.weights,
+            run_id=run_id, family=family, round=self.round, digest=self.digest, weights=self.published_weights,
             control=self.control, prototypes=self.prototypes, prototype_counts=self.prototype_counts,
         )
 
@@ -53,9 +66,9 @@ class FamilyState:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FamilyState:
+    def from_dict(cls, data: dict[str, Any], published_as: StatePrecision = "float32") -> FamilyState:
         return cls(
-            round=int(data["round"]),
+            round=int(data["round"]), published_as=published_as,
             weights={k: np.array(v) for k, v in data["weights"].items()},
             control={k: np.array(v) for k, v in data["control"].items()},
             prototypes=None if data["prototypes"] is None else np.array(data["prototypes"]),
@@ -82,8 +95,9 @@ class Strategy(ABC):
     folds_payloads: ClassVar[bool] = True
     """Whether payloads may be folded into running means on receipt (see ``begin_round``)."""
 
-    def __init__(self, aggregator: Aggregator | AggregateFn) -> None:
+    def __init__(self, aggregator: Aggregator | AggregateFn, publish_states_as: StatePrecision = "float32") -> None:
         self.aggregator = Aggregator.of(aggregator)
+        self.publish_states_as = publish_states_as
         self.states: dict[str, FamilyState] = {}
         self.folds: RoundFolds | None = None
         self.rows: RoundRows | None = None
@@ -185,7 +199,13 @@ class Strategy(ABC):
         return {"families": {f: s.to_dict() for f, s in self.states.items()}}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
-        self.states = {f: FamilyState.from_dict(s) for f, s in data["families"].items()}
+        self.states = {f: FamilyState.from_dict(s, self.publish_states_as) for f, s in data["families"].items()}
+
+    def new_state(self, round_number: int, weights: dict[str, np.ndarray],
+                  control: dict[str, np.ndarray] | None = None) -> FamilyState:
+        """A family's next global state, published as this run publishes states."""
+        return FamilyState(round=round_number, weights=weights, control=control or {},
+                           published_as=self.publish_states_as)
 
 
 @dataclass(frozen=True)

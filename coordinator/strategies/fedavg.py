@@ -51,6 +51,6 @@ class FedAvg(Strategy):
             else:
                 mean_delta = self.combine(group, "delta")
                 merged = apply_delta(state.weights, mean_delta, self.server_learning_rate)
-            new_states[family] = FamilyState(round=round_number + 1, weights=merged)
+            new_states[family] = self.new_state(round_number + 1, merged)
         self.states.update(new_states)  # only once every family aggregated: a failure changes nothing
         return dropped

@@ -82,7 +82,7 @@ class Scaffold(Strategy):
             control = state.control if state is not None else {n: np.zeros_like(a) for n, a in mean_control_delta.items()}
             known = max((population or {}).get(family, 0), len(group))
             control = apply_delta(control, mean_control_delta, len(group) / known)
-            fresh[family] = FamilyState(round=round_number + 1, weights=weights, control=control)
+            fresh[family] = self.new_state(round_number + 1, weights, control)
         self.states.update(fresh)  # all families or none: a failure above leaves every state as it was
         return dropped
 

@@ -62,3 +62,24 @@ def test_packed_deltas_of_another_kind_or_layout_are_rejected(tmp_path: Path) ->
     assert rejected(metrics, "bad_shape") == 1
     send(engine, packed(engine, "a", 0.5, "int8"))  # the right one still gets in
     assert "a" in engine.open.updates
+
+
+def test_a_plain_delta_in_a_compressed_run_is_admitted_and_counted_with_or_without_a_reason(tmp_path: Path) -> None:
+    engine, _, metrics = to_round_two(tmp_path, "int8")
+    declined = update(engine, "a", 2, delta=weights(0.5)).model_copy(
+        update={"compression_declined": "this agent does not use int8 (its compressors: fp16)"})
+    send(engine, declined)
+    send(engine, update(engine, "b", 2, delta=weights(0.5)))  # an older agent: no reason given
+    assert set(engine.open.updates) == {"a", "b"}
+
+    def counted(why: str) -> float | None:
+        return metrics.registry.get_sample_value("fl_updates_uncompressed_total", {"why": why})
+
+    assert counted("declined") == 1 and counted("unexplained") == 1
+
+
+def test_compression_declined_travels_only_with_a_plain_delta(tmp_path: Path) -> None:
+    engine, _, _ = to_round_two(tmp_path, "int8")
+    compressed = packed(engine, "a", 0.5, "int8")
+    with pytest.raises(ValidationError, match="compression_declined travels with an uncompressed delta"):
+        type(compressed).model_validate({**compressed.model_dump(), "compression_declined": "x"})

@@ -76,3 +76,50 @@ def test_top_k_residuals_survive_a_restart_and_belong_to_one_run(tmp_path: Path)
     other.compress({"delta": delta}, "topk:0.1")
     other.commit()
     assert state.read_arrays("ef-run1-fam") is None  # an earlier run's residual is dropped
+
+
+def test_a_half_precision_global_state_trains_exactly_like_its_float32_widening(tmp_path: Path) -> None:
+    """``--state-compression fp16``: the agent widens float16 weights losslessly, names the digest of
+    what it received, and sends a float32 delta from those weights."""
+    from protocol.compression import half_precision
+
+    full = start_state()
+    halves = half_precision(full.weights)
+    half = GlobalState(run_id="r", family="mlp_tiny", round=2, weights=halves,
+                       digest=GlobalState.compute_digest(halves, {}, None, None))
+    widened_weights = {n: a.astype(np.float32) for n, a in halves.items()}
+    widened = GlobalState(run_id="r", family="mlp_tiny", round=2, weights=widened_weights,
+                          digest=GlobalState.compute_digest(widened_weights, {}, None, None))
+    data = build_local_data(DIGITS, partition="iid", num_partitions=4)
+    answers = []
+    for name, state in (("half", half), ("widened", widened)):
+        worker = LocalWorker("a", DIGITS, "mlp_tiny", data, torch.device("cpu"), 32, AgentStateDir(tmp_path / name))
+        answers.append(worker.answer(announce(2, state, "none", worker.layout), state))
+    from_half, from_widened = answers
+    assert from_half.base_digest == half.digest != widened.digest == from_widened.base_digest
+    assert {a.dtype for a in from_half.delta.values()} == {np.dtype(np.float32)}
+    for name, delta in from_widened.delta.items():
+        np.testing.assert_array_equal(from_half.delta[name], delta)
+
+
+def test_an_agent_that_does_not_use_the_rounds_compressor_says_so_and_sends_plain(tmp_path: Path) -> None:
+    data = build_local_data(DIGITS, partition="iid", num_partitions=4)
+    worker = LocalWorker("a", DIGITS, "mlp_tiny", data, torch.device("cpu"), 32, AgentStateDir(tmp_path),
+                         compressors=frozenset({"fp16"}))
+    update = worker.answer(announce(2, start_state(), "topk:0.05", worker.layout), start_state())
+    assert update.delta and not update.packed_delta
+    assert update.compression_declined == "this agent does not use topk (its compressors: fp16)"
+    assert decode_message(encode_message(update), type(update)).compression_declined == update.compression_declined
+    halves = worker.answer(announce(3, start_state(3), "fp16", worker.layout), start_state(3))
+    assert halves.packed_delta and halves.compression_declined is None
+
+
+def test_the_compressors_setting_names_itself_when_wrong() -> None:
+    from pydantic import ValidationError
+
+    from edge_agent.config import AgentSettings
+
+    assert AgentSettings(compressors="topk, fp16,topk").compressor_kinds() == {"fp16", "topk"}
+    assert AgentSettings(compressors="none").compressor_kinds() == frozenset()
+    with pytest.raises(ValidationError, match="compressors: zstd is not one of fp16, int8, topk"):
+        AgentSettings(compressors="fp16,zstd")

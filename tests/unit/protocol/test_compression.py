@@ -200,3 +200,19 @@ def test_error_feedback_state_round_trips_and_is_validated() -> None:
         restored.compensate({"w": np.zeros(8, np.float32)})
     restored.reset()
     assert restored.residual_norm() == 0.0 and restored.compensate(arrays)["w"] is arrays["w"]
+
+
+def test_half_precision_states_round_saturate_and_widen_back() -> None:
+    from protocol.compression import half_precision, widen_half
+
+    arrays = {"w": np.array([1 / 3, 1e6, -1e6], np.float32), "steps": np.array(7, np.int64),
+              "h": np.array([0.5], np.float16)}
+    half = half_precision(arrays)
+    assert list(half) == ["w", "steps", "h"]  # order kept: digests depend on it
+    np.testing.assert_array_equal(half["w"], np.array([np.float16(1 / 3), 65504, -65504], np.float16))
+    assert half["steps"] is arrays["steps"] and half["h"] is arrays["h"]
+    layout = {"w": ((3,), "<f4"), "steps": ((), "<i8"), "h": ((1,), "<f2")}
+    widened = widen_half(half, layout)
+    assert widened["w"].dtype == np.float32 and widened["h"].dtype == np.float16
+    np.testing.assert_array_equal(widened["w"], half["w"].astype(np.float32))
+    assert widen_half({"steps": np.array(1, np.float16)}, layout)["steps"].dtype == np.float16  # left to the check
