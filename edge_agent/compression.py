@@ -24,6 +24,8 @@ from protocol.error_feedback import ErrorFeedback
 log = logging.getLogger(__name__)
 
 FILE_PREFIX = "ef-"
+CONTROL = "control/"
+"""Prefix of the control delta's residuals in the error-feedback file (parameter names hold no '/')."""
 
 
 class DeltaCompressor:
@@ -40,7 +42,8 @@ class DeltaCompressor:
 
     def compress(self, payload: dict[str, Any], compression: str,
                  usable: Collection[str] = ("fp16", "int8", "topk")) -> dict[str, Any]:
-        """``payload`` with its delta's float arrays moved, packed, into ``packed_delta``.
+        """``payload`` with its delta's float arrays moved, packed, into ``packed_delta`` (and
+        SCAFFOLD's control delta into ``packed_control_delta``).
 
         Uncompressed, with ``declined`` saying why, when ``compression``'s kind is not among the
         ``usable`` ones (what this device was configured to use) or packing fails."""
@@ -52,18 +55,26 @@ class DeltaCompressor:
             self.declined = f"this agent does not use {spec.kind} (its compressors: {', '.join(sorted(usable)) or 'none'})"
             return payload
         floats, rest = split_compressible(delta)
+        control_floats, control_rest = split_compressible(payload.get("control_delta") or {})
         rng = np.random.default_rng(self.seed)
         try:
-            if spec.kind == "topk":
-                feedback = self._load_feedback(floats)
+            if spec.kind == "topk":  # one residual file: the control delta's arrays under CONTROL names
+                controls = {CONTROL + name: array for name, array in control_floats.items()}
+                feedback = self._load_feedback({**floats, **controls})
                 packed = feedback.pack(floats, spec, rng)
+                packed_control = {name.removeprefix(CONTROL): p for name, p in feedback.pack(controls, spec, rng).items()}
                 self._feedback, self.residual_norm = feedback, feedback.residual_norm()
             else:
                 packed = pack_arrays(floats, spec, rng)
+                packed_control = pack_arrays(control_floats, spec, rng)
         except ValueError as exc:  # e.g. arrays over the packed bounds: the plain delta still helps the round
             self.declined = f"could not compress with {spec}: {exc}"[:200]
+            self._feedback = self.residual_norm = None
             return payload
-        return {**payload, "delta": rest, "packed_delta": packed}
+        out = {**payload, "delta": rest, "packed_delta": packed}
+        if control_floats:
+            out.update(control_delta=control_rest, packed_control_delta=packed_control)
+        return out
 
     def commit(self) -> None:
         """Keep the residual (top-k): only for an update that passed validation and will be sent."""

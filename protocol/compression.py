@@ -5,6 +5,8 @@
 - ``int8``: one scale per tensor (max|x| / 127) and stochastic rounding (1 byte an entry):
   unbiased, E[decoded] = x, and |decoded - x| <= scale.
 - ``topk:F``: the ceil(F * n) entries of largest magnitude and their flat indices (8 bytes each).
+  :func:`pack_arrays` selects them model-wide (n: all the arrays' entries, one threshold), so an
+  array may keep many entries or none; :func:`pack` of one array keeps ceil(F * its size).
   Biased on its own: use it with :class:`ErrorFeedback` (see there).
 
 Only float32/float64 arrays are compressible. Integer arrays (e.g. BatchNorm's
@@ -220,7 +222,39 @@ def pack_arrays(arrays: Mapping[str, np.ndarray], spec: CompressionSpec | str,
         name = next(iter(others))
         raise ValueError(f"{name}: {others[name].dtype} arrays are not compressible; send them uncompressed")
     rng = rng if rng is not None else np.random.default_rng()
+    if spec.kind == "topk" and len(floats) > 1:
+        return _pack_topk_model_wide(floats, spec)
     return {name: pack(array, spec, rng) for name, array in floats.items()}
+
+
+def _pack_topk_model_wide(arrays: Mapping[str, np.ndarray], spec: CompressionSpec) -> dict[str, PackedArray]:
+    """Top-k over all the arrays at once: the ceil(F * total) largest magnitudes wherever they are.
+
+    Per array, a small layer (a first convolution of a few hundred weights) would get only a few
+    entries a round however large its changes; one model-wide threshold spends the budget where
+    the update is. An array may get no entries (its packed form then holds none)."""
+    for name, array in arrays.items():
+        if array.ndim > MAX_NDIM or array.size > MAX_PACKED_ELEMENTS:
+            raise ValueError(f"{name}: array of shape {array.shape} is over the packed bounds")
+        if array.size and not all_finite(array):
+            raise ValueError(f"{name}: array holds NaN or Inf")
+    flats = {name: np.ascontiguousarray(a).reshape(-1) for name, a in arrays.items()}
+    sizes = [flat.size for flat in flats.values()]
+    total = sum(sizes)
+    k = spec.kept(total)
+    magnitudes = np.concatenate([np.abs(flat, dtype=np.float64) for flat in flats.values()]) if total else np.zeros(0)
+    chosen = np.arange(total) if k == total else np.sort(np.argpartition(magnitudes, total - k)[total - k:])
+    offsets = np.cumsum([0, *sizes])
+    bounds = np.searchsorted(chosen, offsets)  # chosen[bounds[i]:bounds[i + 1]] fall in array i
+    packed: dict[str, PackedArray] = {}
+    for i, (name, flat) in enumerate(flats.items()):
+        indices = (chosen[bounds[i]:bounds[i + 1]] - offsets[i]).astype(np.uint32)
+        values = flat[indices]
+        if values.dtype != np.float32:
+            values = np.clip(values, -FP32_MAX, FP32_MAX).astype(np.float32)
+        packed[name] = PackedArray(kind="topk", shape=list(arrays[name].shape), dtype=f"<f{flat.dtype.itemsize}",
+                                   values=values, indices=indices)
+    return packed
 
 
 def unpack_arrays(packed: Mapping[str, PackedArray]) -> dict[str, np.ndarray]:

@@ -254,6 +254,8 @@ class Update(Message):
     control_delta: Arrays = Field(default_factory=dict, max_length=4096)
     packed_delta: dict[str, PackedArray] = Field(default_factory=dict, max_length=4096)
     """The delta's float arrays, compressed as the round asked; integer arrays stay in ``delta``."""
+    packed_control_delta: dict[str, PackedArray] = Field(default_factory=dict, max_length=4096)
+    """SCAFFOLD's control delta, compressed like ``packed_delta`` (never in a bootstrap round)."""
     compression_declined: Annotated[str, StringConstraints(min_length=1, max_length=200)] | None = None
     """Why the delta travels uncompressed although the round asked for compression (this agent
     does not use that compressor, or could not apply it); None otherwise."""
@@ -266,19 +268,20 @@ class Update(Message):
     def _check(self) -> Update:
         if self.weights and self.delta:
             raise PydanticCustomError("schema", "an update carries weights or a delta, not both")
-        if self.packed_delta and self.weights:
+        if (self.packed_delta or self.packed_control_delta) and self.weights:
             raise PydanticCustomError("schema", "weights travel uncompressed")
-        if self.packed_delta.keys() & self.delta.keys():
+        if self.packed_delta.keys() & self.delta.keys() or self.packed_control_delta.keys() & self.control_delta.keys():
             raise PydanticCustomError("schema", "an array travels packed or plain, not both")
         if self.compression_declined is not None and (self.packed_delta or not self.delta):
             raise PydanticCustomError("schema", "compression_declined travels with an uncompressed delta")
         model_payload = bool(self.weights or self.delta or self.packed_delta)
-        if self.task == "evaluate" and (model_payload or self.control_delta or self.prototypes is not None):
+        control = bool(self.control_delta or self.packed_control_delta)
+        if self.task == "evaluate" and (model_payload or control or self.prototypes is not None):
             raise PydanticCustomError("schema", "an evaluation answer carries no model payload")
         _check_prototypes(self.prototypes, self.prototype_counts)
-        if self.prototypes is not None and (model_payload or self.control_delta):
+        if self.prototypes is not None and (model_payload or control):
             raise PydanticCustomError("schema", "a prototype update carries no weights, delta or control delta")
-        if self.control_delta and not model_payload:
+        if control and not model_payload:
             raise PydanticCustomError("schema", "a control delta travels with the weights or delta it belongs to")
         return self
 

@@ -81,3 +81,30 @@ def test_fedproto_announces_its_parameters_and_publishes_prototypes_to_every_fam
     assert len({s.digest for s in states}) == 1 and not any(s.weights for s in states)
     assert states[0].prototype_counts.tolist() == counts(2, 3, 1).tolist()  # type: ignore[union-attr]
     assert sorted(current(engine).states) == ["cnn_large", "cnn_small", "mlp_tiny"]
+
+
+def test_scaffold_control_deltas_travel_compressed_and_aggregate_like_plain_ones(tmp_path: Path) -> None:
+    from protocol.compression import pack_arrays
+
+    finals = {}
+    for compression in ("none", "fp16"):
+        engine, outbox, metrics = make_engine(tmp_path / compression, Clock(), algorithm="scaffold",
+                                              compression=compression)
+        hello(engine, "a", "f"), hello(engine, "b", "f")
+        engine.tick()
+        for agent_id in "ab":
+            send(engine, agent_id, "f", weights=weights(1.0), control_delta={"w": np.full((2, 3), 4.0, np.float32)})
+        engine.tick(), engine.tick()
+        for agent_id, value in (("a", 0.5), ("b", 1.5)):
+            delta, control = weights(value), {"w": np.full((2, 3), value, np.float32)}
+            if compression == "none":
+                send(engine, agent_id, "f", delta=delta, control_delta=control)
+            else:
+                send(engine, agent_id, "f", packed_delta=pack_arrays(delta, compression),
+                     packed_control_delta=pack_arrays(control, compression))
+        engine.tick(), engine.tick()
+        assert engine.last_summary.round == 2 and engine.last_summary.outcome == "completed", engine.last_summary
+        assert rejected(metrics, "bad_shape") == rejected(metrics, "compression_mismatch") == 0
+        finals[compression] = decode_message(outbox.last(TOPICS.global_state("f", 3)), GlobalState)
+    np.testing.assert_array_equal(finals["fp16"].control["w"], finals["none"].control["w"])  # 0.5, 1.5 exact in fp16
+    np.testing.assert_array_equal(finals["fp16"].weights["w"], finals["none"].weights["w"])

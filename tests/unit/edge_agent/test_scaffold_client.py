@@ -93,3 +93,26 @@ def test_a_corrupt_variate_file_restarts_from_zero(tmp_path: Path) -> None:
     client = ScaffoldClient({}, state_dir, RoundContext(RUN, 3, FAMILY, torch.device("cpu")))
     params = {"w": np.ones(2, np.float32)}
     assert not client.load_control(params)["w"].any()
+
+
+def test_a_compressed_round_packs_the_control_delta_with_its_own_residual(tmp_path: Path) -> None:
+    from protocol.compression import unpack_arrays
+    from protocol.messages import Update
+    from protocol.wire import decode_message, encode_message
+
+    data = digits_subset()
+    weights = global_weights(FAMILY)
+    names = parameter_names(build_model(FAMILY, data.train.in_shape, 10, seed=0))
+    state = global_state(FAMILY, 2, weights=weights, control={n: np.zeros_like(weights[n]) for n in names})
+    plain = make_worker(tmp_path / "plain", data).answer(announce("scaffold", 2, state, momentum=0.0), state)
+    ask = announce("scaffold", 2, state, momentum=0.0).model_copy(update={"compression": "topk:0.1"})
+    update = decode_message(encode_message(make_worker(tmp_path / "topk", data).answer(ask, state)), Update)
+    assert not update.control_delta and sorted(update.packed_control_delta) == sorted(names)
+    sent = unpack_arrays(update.packed_control_delta)
+    total = sum(plain.control_delta[n].size for n in names)
+    assert sum(np.count_nonzero(sent[n]) for n in names) <= int(np.ceil(0.1 * total))
+    residual = AgentStateDir(tmp_path / "topk").read_arrays(f"ef-{RUN}-{FAMILY}")
+    assert residual is not None and {f"control/{n}" for n in names} <= residual.keys()
+    for name in names:  # what was held back plus what was sent is the control delta the agent computed
+        np.testing.assert_allclose(residual[f"control/{name}"] + sent[name], plain.control_delta[name], rtol=1e-5,
+                                   atol=1e-6)

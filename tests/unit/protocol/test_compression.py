@@ -216,3 +216,23 @@ def test_half_precision_states_round_saturate_and_widen_back() -> None:
     assert widened["w"].dtype == np.float32 and widened["h"].dtype == np.float16
     np.testing.assert_array_equal(widened["w"], half["w"].astype(np.float32))
     assert widen_half({"steps": np.array(1, np.float16)}, layout)["steps"].dtype == np.float16  # left to the check
+
+
+@FAST
+@given(sizes=st.lists(st.integers(0, 60), min_size=2, max_size=5), fraction=st.floats(0.001, 1.0),
+       seed=st.integers(0, 2**32 - 1))
+def test_topk_over_several_arrays_keeps_the_k_largest_of_all(sizes: list[int], fraction: float, seed: int) -> None:
+    """pack_arrays selects top-k model-wide: a small layer with large changes is not starved."""
+    rng = np.random.default_rng(seed)
+    total = sum(sizes)
+    magnitudes = rng.permutation(total) + 1.0  # distinct
+    flat = (magnitudes * rng.choice([-1.0, 1.0], total)).astype(np.float32)
+    arrays = {f"a{i}": part for i, part in enumerate(np.split(flat, np.cumsum(sizes)[:-1]))}
+    spec = CompressionSpec("topk", fraction)
+    packed = pack_arrays(arrays, spec)
+    restored = np.concatenate([unpack(packed[name]).reshape(-1) for name in arrays])
+    k = spec.kept(total)
+    assert int(np.count_nonzero(restored)) == k
+    assert set(np.flatnonzero(restored).tolist()) == set(np.argsort(np.abs(flat))[total - k:].tolist())
+    np.testing.assert_array_equal(restored[restored != 0], flat[restored != 0])
+    assert [p.shape for p in packed.values()] == [[s] for s in sizes]

@@ -115,7 +115,8 @@ def test_packed_arrays_survive_the_wire(spec: str) -> None:
     for name, packed in message.packed.items():
         got = decoded.packed[name]
         assert (got.kind, got.shape, got.dtype, got.scale) == (packed.kind, packed.shape, packed.dtype, packed.scale)
-        assert got.values.dtype == packed.values.dtype and not got.values.flags.writeable  # a view of the payload
+        assert got.values.dtype == packed.values.dtype
+        assert not got.values.flags.writeable or got.values.size == 0  # a view of the payload (top-k may keep none)
     before, after = unpack_arrays(message.packed), unpack_arrays(decoded.packed)
     for name, array in arrays.items():
         np.testing.assert_array_equal(before[name], after[name])
