@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,37 @@ class Rendered:
         return base64.b64decode(secret["data"][key]).decode()
 
 
-def render(values: dict[str, Any] | None = None) -> Rendered:
+FIRST_INSTALL_PASSWORD = "chart-test-coordinator-password"
+"""broker.password for renders that give none: with the bundled broker a first install must name
+it (offline there is no earlier Secret to look up), as users must."""
+
+
+def with_required(values: dict[str, Any] | None) -> dict[str, Any]:
+    """`values` plus broker.password where the chart requires one and `values` give neither it nor a Secret."""
+    values = copy.deepcopy(values or {})
+    broker = values.get("broker", {})
+    mosquitto = values.get("mosquitto", {})
+    tls = mosquitto.get("tls", {})
+    certificates_only = tls.get("enabled") and tls.get("requireClientCertificate") and not mosquitto.get(
+        "plaintextListener")
+    if (mosquitto.get("enabled", True) and not certificates_only and not broker.get("password")
+            and not broker.get("existingSecret", {}).get("name")):
+        values.setdefault("broker", {})["password"] = FIRST_INSTALL_PASSWORD
+    return values
+
+
+def manifests(values: dict[str, Any] | None = None, *, complete: bool = True) -> dict[str, str]:
+    """The rendered files by template path, as `helm template` writes them (NOTES.txt included)."""
     with helm.Chart.load(CHART) as chart:
-        manifests = chart.render(values=values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        return chart.render(values=with_required(values) if complete else (values or {}), name=RELEASE,
+                            namespace=NAMESPACE, is_install=True)
+
+
+def render(values: dict[str, Any] | None = None, *, complete: bool = True) -> Rendered:
+    """The chart rendered with `values` (completed by with_required unless `complete` is False)."""
     objects: list[dict[str, Any]] = []
     notes = ""
-    for path, text in sorted(manifests.items()):
+    for path, text in sorted(manifests(values, complete=complete).items()):
         if path.endswith("NOTES.txt"):
             notes = text
             continue

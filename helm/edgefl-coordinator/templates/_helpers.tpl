@@ -58,6 +58,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 
+{{/*
+Every pod's imagePullSecrets: global.imagePullSecrets (a parent chart's) and imagePullSecrets,
+each Secret once; empty when there are none.
+*/}}
+{{- define "edgefl.imagePullSecrets" -}}
+{{- $global := ((.Values.global | default dict).imagePullSecrets | default list) -}}
+{{- $secrets := concat $global (.Values.imagePullSecrets | default list) | uniq -}}
+{{- with $secrets }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
 {{- define "edgefl.mosquittoName" -}}
 {{- printf "%s-mosquitto" (include "edgefl.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -73,6 +83,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- else -}}
 {{- fail "broker.url is required when mosquitto.enabled is false (e.g. mqtt://broker.example:1883)" -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The TCP port of the broker URL: its explicit port, else 8883 for mqtts/ssl and 1883 for mqtt/tcp. */}}
+{{- define "edgefl.brokerPort" -}}
+{{- $url := urlParse (include "edgefl.brokerUrl" .) -}}
+{{- $port := regexFind "[0-9]+$" (regexFind ":[0-9]+$" $url.host) -}}
+{{- if $port -}}{{ $port }}{{- else if has $url.scheme (list "mqtts" "ssl") -}}8883{{- else -}}1883{{- end -}}
 {{- end -}}
 
 {{/* "true" when the bundled broker opens its plaintext listener: always without TLS, with TLS only if asked. */}}
@@ -105,11 +122,26 @@ key_file: /etc/edgefl-tls/client/tls.key
 {{- end }}
 {{- end -}}
 
+{{/*
+"true" when the bundled broker checks the coordinator's password: not when every listener takes
+a client certificate as the identity (mosquitto.tls.requireClientCertificate without a
+plaintext listener), where the coordinator presents broker.tls.clientCertSecret instead.
+*/}}
+{{- define "edgefl.bundledBrokerNeedsPassword" -}}
+{{- $m := .Values.mosquitto -}}
+{{- if and $m.enabled (or (not ($m.tls.enabled)) (not $m.tls.requireClientCertificate) (include "edgefl.mosquittoPlaintext" .)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart keeps the coordinator's password in a Secret of its own (<fullname>-broker). */}}
+{{- define "edgefl.chartBrokerSecret" -}}
+{{- if and (not .Values.broker.existingSecret.name) (or .Values.broker.password (include "edgefl.bundledBrokerNeedsPassword" .)) -}}true{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the coordinator's broker password, if there is one. */}}
 {{- define "edgefl.brokerSecretName" -}}
 {{- if .Values.broker.existingSecret.name -}}
 {{- .Values.broker.existingSecret.name -}}
-{{- else if or .Values.broker.password .Values.mosquitto.enabled -}}
+{{- else if include "edgefl.chartBrokerSecret" . -}}
 {{- printf "%s-broker" (include "edgefl.fullname" .) -}}
 {{- end -}}
 {{- end -}}
@@ -120,17 +152,22 @@ key_file: /etc/edgefl-tls/client/tls.key
 
 {{/*
 The password the chart stores: the given one, else the one already installed (so upgrades
-keep it), else a new random one. Offline rendering (helm template) has no installed one.
+keep it). Nothing is generated: a random one would differ on every `helm template` (GitOps
+tools render that way, and lookup finds nothing there), changing the Secret and restarting
+both pods on each sync. A first install therefore names it, or names a Secret.
 */}}
 {{- define "edgefl.brokerPassword" -}}
+{{- $name := printf "%s-broker" (include "edgefl.fullname" .) -}}
 {{- if .Values.broker.password -}}
 {{- .Values.broker.password -}}
 {{- else -}}
-{{- $existing := lookup "v1" "Secret" .Release.Namespace (printf "%s-broker" (include "edgefl.fullname" .)) -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name -}}
 {{- if and $existing $existing.data (hasKey $existing.data "password") -}}
 {{- index $existing.data "password" | b64dec -}}
 {{- else -}}
-{{- randAlphaNum 32 -}}
+{{- /* A wrong combination of values is the better message, whichever template renders first. */ -}}
+{{- include "edgefl.validate" . -}}
+{{- fail (printf "broker.password is required: the bundled broker needs the coordinator's password, and Secret %s (kept from an earlier install) was not found, as on a first install or under helm template/GitOps. Set broker.password (e.g. --set broker.password=$(openssl rand -hex 24)) or broker.existingSecret.name" $name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -254,6 +291,22 @@ memory: {{ printf "%dMi" $memoryMi | quote }}
 {{- range $key := $managed -}}
 {{- if hasKey $.Values.coordinator.config $key -}}
 {{- fail (printf "coordinator.config.%s is set by the chart; use the top-level values (federation, broker.*, broker.tls.*, persistence, coordinator.httpPort) instead" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $c := .Values.coordinator -}}
+{{- range $c.extraVolumes -}}
+{{- if has .name (list "config" "state" "tmp" "broker-ca" "client-tls") -}}
+{{- fail (printf "coordinator.extraVolumes: the name %q is the chart's own volume; choose another" .name) -}}
+{{- end -}}
+{{- end -}}
+{{- $volumes := list "config" "state" "tmp" -}}
+{{- range $c.extraVolumes -}}{{- $volumes = append $volumes .name -}}{{- end -}}
+{{- range $c.extraVolumeMounts -}}
+{{- if not (has .name $volumes) -}}
+{{- fail (printf "coordinator.extraVolumeMounts: %q names no volume; add it to coordinator.extraVolumes" .name) -}}
+{{- end -}}
+{{- if has (trimSuffix "/" .mountPath) (list "/etc/edgefl" "/var/lib/edgefl" "/tmp" "/etc/edgefl-tls/ca" "/etc/edgefl-tls/client") -}}
+{{- fail (printf "coordinator.extraVolumeMounts: %s is where the chart mounts its own volume; mount %q elsewhere" .mountPath .name) -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.mosquitto.enabled .Values.broker.existingSecret.usernameKey -}}

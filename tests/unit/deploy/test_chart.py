@@ -20,7 +20,18 @@ import yaml
 
 from coordinator.config import CoordinatorSettings
 from protocol.settings import load_settings
-from tests.chart import CHART, FULLNAME, NAMESPACE, REPO, VALUES_FILES, Rendered, container, render, values_of
+from tests.chart import (
+    CHART,
+    FIRST_INSTALL_PASSWORD,
+    FULLNAME,
+    NAMESPACE,
+    REPO,
+    VALUES_FILES,
+    Rendered,
+    container,
+    render,
+    values_of,
+)
 from tests.unit.deploy.crd_schemas import SCHEMAS
 
 KUBE_VERSIONS = ("1.25", kubernetes_validate.utils.latest_version())
@@ -33,7 +44,7 @@ STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.
 def test_there_are_values_files_for_each_deployment_shape() -> None:
     names = {p.name for p in VALUES_FILES}
     assert {"external-broker-values.yaml", "bundled-broker-values.yaml", "servicemonitor-values.yaml",
-            "existing-secret-values.yaml", "client-certificate-values.yaml"} <= names
+            "existing-secret-values.yaml", "client-certificate-values.yaml", "network-policy-values.yaml"} <= names
 
 
 @pytest.mark.parametrize("values_file", CASES, ids=IDS)
@@ -135,14 +146,13 @@ def _env(rendered: Rendered, name: str) -> dict[str, Any]:
     return {e["name"]: e for e in container(rendered.get("Deployment", FULLNAME), "coordinator")["env"]}[name]
 
 
-def test_defaults_bundle_a_broker_with_a_generated_password() -> None:
-    rendered = render()
+def test_defaults_bundle_a_broker_with_the_given_password() -> None:
+    rendered = render()  # plus broker.password, which a first install must give
     settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
     assert settings["broker_url"] == f"mqtt://{FULLNAME}-mosquitto:1883"
     service = rendered.get("Service", f"{FULLNAME}-mosquitto")
     assert service["spec"]["ports"][0]["port"] == 1883
-    password = rendered.secret_value(f"{FULLNAME}-broker", "password")
-    assert len(password) == 32
+    assert rendered.secret_value(f"{FULLNAME}-broker", "password") == FIRST_INSTALL_PASSWORD
     assert _env(rendered, "FL_COORDINATOR_BROKER_PASSWORD")["valueFrom"]["secretKeyRef"] == {
         "name": f"{FULLNAME}-broker", "key": "password"}
     init = container(rendered.get("Deployment", f"{FULLNAME}-mosquitto"), "passwords")
@@ -213,7 +223,7 @@ def test_bundled_broker_values() -> None:
     assert _secret_volume(rendered, FULLNAME, "/etc/edgefl-tls/ca") == {
         "secretName": "greenhouse-broker-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
     assert "--broker-url mqtts://<broker address>:8883 --ca-file" in rendered.notes
-    assert "mqtt://" not in rendered.notes.replace("Broker: mqtts://", "")
+    assert "mqtt://" not in rendered.notes.replace("broker: mqtts://", "")
     assert "jetson-0-password" not in rendered.notes
     assert rendered.maybe("Secret", f"{FULLNAME}-broker") is None  # the password is in greenhouse-coordinator
     assert rendered.get("PersistentVolumeClaim", f"{FULLNAME}-mosquitto-data")["spec"]["resources"] == {
@@ -275,7 +285,12 @@ def test_client_certificate_values() -> None:
     assert "--broker-url mqtts://<broker address>:8883" in rendered.notes
     assert "--cert-file <agent cert> --key-file <agent key>" in rendered.notes
     assert "--broker-password" not in rendered.notes
-    assert rendered.secret_value(f"{FULLNAME}-broker", "password") not in rendered.notes
+    # No listener checks passwords: none is required, stored or passed to the coordinator.
+    assert rendered.maybe("Secret", f"{FULLNAME}-broker") is None
+    init = container(rendered.get("Deployment", f"{FULLNAME}-mosquitto"), "passwords")
+    assert {e["name"] for e in init["env"]} == {"COORDINATOR_USERNAME"}
+    assert "FL_COORDINATOR_BROKER_PASSWORD" not in {
+        e["name"] for e in container(rendered.get("Deployment", FULLNAME), "coordinator")["env"]}
 
 
 def test_a_plaintext_listener_beside_tls_only_when_asked() -> None:
