@@ -1,0 +1,290 @@
+"""Write the golden wire vectors (tests/golden/): encoded messages with JSON sidecars.
+
+Each vector is one MQTT payload exactly as it travels (``NAME.msgpack``) and a sidecar
+(``NAME.json``) with its topic, retain flag, and the fields a decoder must produce. Arrays
+appear in sidecars as ``{"ndarray": {"dtype", "shape", "data"}}`` (data flattened in C order),
+byte strings as ``{"bin": "<hex>"}``. ``reject/`` holds payloads a receiver must refuse, each
+with the reason it is refused for. docs/protocol.md describes the format.
+
+Deterministic (fixed keys, seeds, timestamps and transfer ids): running it again writes the
+same bytes, which tests/unit/protocol/test_golden_vectors.py checks, so a wire change shows
+up as a changed vector and has to be made on purpose.
+
+    python scripts/make_golden_vectors.py [--out tests/golden]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from protocol.arrays import layout_of
+from protocol.chunking import CHUNK_OVERHEAD_BYTES
+from protocol.codec import encode
+from protocol.compression import pack_arrays, unpack
+from protocol.digest import digest_bytes
+from protocol.messages import (
+    AgentStatus,
+    Chunk,
+    CoordinatorStatus,
+    GlobalState,
+    LocalTraining,
+    Message,
+    RoundAnnouncement,
+    StateRef,
+    TaskRef,
+    TrainMetrics,
+    Update,
+)
+from protocol.signing import DOMAIN, SigningKey
+from protocol.tasks import layout_fingerprint
+from protocol.topics import Topics
+from protocol.wire import encode_message
+
+DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "golden"
+
+FEDERATION, RUN_ID, SESSION, AGENT = "greenhouse", "3f9a1c2b7d4e", "c0ffee123456", "agent-1"
+FAMILY, TASK = "mlp_tiny", TaskRef(name="golden", version="1")
+TIMESTAMP = 1767225600.25  # 2026-01-01T00:00:00.25Z
+COORDINATOR_SEED = hashlib.sha256(b"edgefl golden vectors: coordinator key").digest()
+"""A published test key: never use it for anything but these vectors."""
+INT8_SEED = 7
+CHUNK_MAX_MESSAGE_BYTES = 384
+TRANSFER_ID = "0123456789abcdef"
+
+TOPICS = Topics(FEDERATION)
+
+
+def jsonable(value: Any) -> Any:
+    """A decoded field as the sidecar writes it (see the module docstring)."""
+    if isinstance(value, np.ndarray):
+        return {"ndarray": {"dtype": value.dtype.str, "shape": list(value.shape),
+                            "data": [v.item() for v in value.reshape(-1)]}}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"bin": bytes(value).hex()}
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("sidecars hold finite floats only")
+    return value
+
+
+def fields_of(message: Message) -> dict[str, Any]:
+    return jsonable(message.model_dump(mode="python"))
+
+
+def coordinator_key() -> SigningKey:
+    return SigningKey(Ed25519PrivateKey.from_private_bytes(COORDINATOR_SEED))
+
+
+def model_weights() -> dict[str, np.ndarray]:
+    """A tiny model in state-dict order: two float32 tensors and a 0-d int64 counter (BatchNorm's)."""
+    return {
+        "fc.weight": np.array([[0.5, -0.25], [0.125, 1.0], [-2.0, 0.0625]], dtype="<f4"),
+        "fc.bias": np.array([0.25, -0.5, 0.75], dtype="<f4"),
+        "bn.num_batches_tracked": np.array(12, dtype="<i8"),
+    }
+
+
+def model_delta() -> dict[str, np.ndarray]:
+    return {
+        "fc.weight": np.array([[0.03125, -0.5], [0.0078125, 0.25], [-0.125, 0.0]], dtype="<f4"),
+        "fc.bias": np.array([-0.0625, 0.375, 0.015625], dtype="<f4"),
+        "bn.num_batches_tracked": np.array(4, dtype="<i8"),
+    }
+
+
+def layout_preimage(arrays: dict[str, np.ndarray]) -> str:
+    """What ``protocol.tasks.layout_fingerprint`` hashes, spelled out for other implementations."""
+    return "".join(f"{name}:{a.dtype.str}:{_py_tuple(a.shape)};" for name, a in arrays.items())
+
+
+def digest_preimage(groups: list[tuple[str, dict[str, np.ndarray]]]) -> bytes:
+    """What ``protocol.digest.digest_arrays`` hashes, spelled out for other implementations."""
+    out = b""
+    for group, arrays in groups:
+        out += f"[{group}]".encode()
+        for name, a in arrays.items():
+            out += f"{name}:{a.dtype.str}:{_py_tuple(a.shape)};".encode() + a.tobytes(order="C")
+    return out
+
+
+def _py_tuple(shape: tuple[int, ...]) -> str:
+    """A shape written like Python writes a tuple: ``()``, ``(3,)``, ``(3, 2)``."""
+    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+class Vectors:
+    """Collects vectors: name -> (payload, sidecar)."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, tuple[bytes, dict[str, Any]]] = {}
+
+    def add(self, name: str, payload: bytes, topic: str, retain: bool, description: str,
+            fields: dict[str, Any] | None, **extra: Any) -> bytes:
+        """``fields``: what decoding must produce; None for a payload that must be rejected."""
+        head = {"file": f"{name}.msgpack"} | ({"kind": fields["kind"]} if fields is not None else {})
+        sidecar = {**head, "topic": topic, "qos": 1, "retain": retain, "size_bytes": len(payload),
+                   "description": description, **extra} | ({"fields": fields} if fields is not None else {})
+        self.items[name] = (payload, sidecar)
+        return payload
+
+    def message(self, name: str, message: Message, topic: str, retain: bool, description: str, **extra: Any) -> bytes:
+        return self.add(name, encode_message(message), topic, retain, description, fields_of(message), **extra)
+
+
+def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
+    """Every vector, accepted ones first, then ``reject/...``."""
+    v = Vectors()
+    key = coordinator_key()
+    weights, delta = model_weights(), model_delta()
+    layout = layout_fingerprint(layout_of(weights))
+    layout_note = {"layout_preimage": layout_preimage(weights)}
+
+    status = CoordinatorStatus(federation=FEDERATION, run_id=RUN_ID, session=SESSION, state="online", round=3,
+                               algorithm="fedprox", version="0.1.0", timestamp=TIMESTAMP)
+    v.message("coordinator_status", status, TOPICS.coordinator_status, True,
+              "The coordinator's retained status (sent signed in a real run; see round_signed).")
+
+    hello = AgentStatus(agent_id=AGENT, state="online", device="rpi", family=FAMILY, num_samples=120,
+                        num_eval_samples=40, version="0.1.0", timestamp=TIMESTAMP, session="a1b2c3d4e5f6",
+                        task_ref=TASK, layout=layout, label_counts=np.array([50, 40, 30], dtype="<i8"))
+    v.message("agent_status", hello, TOPICS.agent_status(AGENT), True,
+              "An agent's retained hello/heartbeat, with its label counts (sum = num_samples).", **layout_note)
+
+    state = GlobalState(run_id=RUN_ID, family=FAMILY, round=2, weights=weights,
+                        digest=GlobalState.compute_digest(weights, {}, None, None))
+    preimage = digest_preimage([("weights", weights), ("control", {}), ("prototypes", {})])
+    state_bytes = v.message("global_state", state, TOPICS.global_state(FAMILY, 2), True,
+                            "A family's global state with three arrays (float32 2-D and 1-D, int64 0-d).",
+                            digest_preimage={"bin": preimage.hex()})
+
+    announcement = RoundAnnouncement(
+        run_id=RUN_ID, round=3, task="train", task_ref=TASK, layouts={FAMILY: layout}, algorithm="fedprox",
+        training=LocalTraining(epochs=1, learning_rate=0.05, batch_size=32), params={"mu": 0.01},
+        selected=[AGENT, "agent-2"], states={FAMILY: StateRef(family=FAMILY, round=2, digest=state.digest)},
+        init_seed=42, issued_at=TIMESTAMP, deadline_s=60.0, last_round=10, compression="topk:0.5")
+    round_bytes = v.message("round", announcement, TOPICS.rounds_current, True,
+                            "Round 3 of a FedProx run: trains from global_state, compresses with topk:0.5.")
+
+    sealed = key.seal(round_bytes)
+    v.message("round_signed", sealed, TOPICS.rounds_current, True,
+              "round.msgpack in a Signed envelope made with the test coordinator key.",
+              public_key=key.public_key.to_text(), private_seed_hex=COORDINATOR_SEED.hex(),
+              inner_file="round.msgpack", signed_data={"bin": (DOMAIN + hashlib.sha256(round_bytes).digest()).hex()})
+
+    metrics = TrainMetrics(eval_loss=0.5, eval_accuracy=0.75, num_eval_samples=40, train_loss=0.25,
+                           train_accuracy=0.875, duration_s=1.5, steps=4, extra={"grad_norm": 0.125})
+    common = dict(run_id=RUN_ID, agent_id=AGENT, round=3, task="train", task_ref=TASK, family=FAMILY,
+                  base_digest=state.digest, num_samples=120, metrics=metrics)
+    topic = TOPICS.update(AGENT, 3)
+    v.message("update_delta", Update(**common, delta=delta), topic, False, "An uncompressed delta update.")
+    floats = {n: a for n, a in delta.items() if a.dtype.kind == "f"}
+    rest = {n: a for n, a in delta.items() if n not in floats}
+    for spec in ("fp16", "int8", "topk:0.5"):
+        packed = pack_arrays(floats, spec, np.random.default_rng(INT8_SEED))  # the seed drives int8's rounding
+        v.message("update_" + spec.split(":")[0], Update(**common, delta=rest, packed_delta=packed), topic, False,
+                  f"The delta compressed with {spec}: float arrays in packed_delta, the int64 counter in delta.",
+                  compression=spec, unpacked={n: jsonable(unpack(p)) for n, p in packed.items()})
+
+    signed_state = encode_message(key.seal(state_bytes))
+    v.add("global_state_signed", signed_state, TOPICS.global_state(FAMILY, 2), True,
+          "global_state.msgpack in a Signed envelope; chunk_*.msgpack carry exactly these bytes.",
+          fields_of(key.seal(state_bytes)), public_key=key.public_key.to_text(), inner_file="global_state.msgpack")
+    assert len(signed_state) > CHUNK_MAX_MESSAGE_BYTES, "split_payload only splits what does not fit"
+    piece = CHUNK_MAX_MESSAGE_BYTES - CHUNK_OVERHEAD_BYTES
+    count = math.ceil(len(signed_state) / piece)
+    for index in range(count):
+        chunk = Chunk(transfer_id=TRANSFER_ID, index=index, count=count, total_bytes=len(signed_state),
+                      digest=digest_bytes(signed_state), data=signed_state[index * piece:(index + 1) * piece])
+        v.message(f"chunk_{index}", chunk, TOPICS.global_state(FAMILY, 2), True,
+                  f"Piece {index} of global_state_signed.msgpack split at max_message_bytes "
+                  f"{CHUNK_MAX_MESSAGE_BYTES} ({piece} data bytes a chunk).",
+                  max_message_bytes=CHUNK_MAX_MESSAGE_BYTES, whole_file="global_state_signed.msgpack")
+
+    _rejects(v, status, state, round_bytes, key)
+    return v.items
+
+
+def _rejects(v: Vectors, status: CoordinatorStatus, state: GlobalState, round_bytes: bytes, key: SigningKey) -> None:
+    """Payloads a receiver must refuse, each built from a valid one by changing as little as possible."""
+    good = encode_message(status)
+    fields = status.model_dump()
+
+    topics = {"coordinator_status": TOPICS.coordinator_status, "global_state": TOPICS.global_state(FAMILY, 2),
+              "round": TOPICS.rounds_current}
+
+    def reject(name: str, payload: bytes, reason: str, why: str, expect: str = "coordinator_status",
+               **extra: Any) -> None:
+        """``expect``: the kind of message the receiver listens for on the topic."""
+        v.add(f"reject/{name}", payload, topics[expect], True, why, None, expect=expect, reason=reason, **extra)
+
+    reject("version_2", encode({**fields, "v": 2}), "unsupported_version", "v is 2; this schema is version 1.")
+    reject("unknown_field", encode({**fields, "colour": "red"}), "schema", "A field the model does not declare.")
+    reject("unknown_kind", encode({**fields, "kind": "gossip"}), "schema", "A kind no model has.")
+    reject("string_for_int", encode({**fields, "round": "3"}), "schema", "round as a string: no coercion.")
+    reject("trailing_bytes", good + b"\xc0", "malformed", "A nil after the message: the payload must be one value.")
+    reject("timestamp_ext", good[:-9] + b"\xd6\xff" + (1767225600).to_bytes(4, "big"), "unknown_extension",
+           "timestamp as a msgpack timestamp (ext type -1) instead of a float64.")
+    reject("nan_float", encode({**fields, "timestamp": float("nan")}), "non_finite", "A NaN scalar field.")
+    state_bytes = encode_message(state)
+    big_endian = state_bytes.replace(b"<f4", b">f4", 1)
+    reject("big_endian_dtype", big_endian, "bad_dtype", "An array whose dtype string is '>f4' (big-endian).",
+           expect="global_state")
+    nan_weights = {**state.weights, "fc.bias": np.array([0.25, np.nan, 0.75], dtype="<f4")}
+    reject("nan_in_array", encode({**state.model_dump(), "weights": nan_weights}), "non_finite",
+           "A float array holding NaN.", expect="global_state")
+    tampered = {**state.weights, "fc.bias": np.array([0.25, -0.5, 0.5], dtype="<f4")}
+    reject("digest_mismatch", encode({**state.model_dump(), "weights": tampered}), "digest_mismatch",
+           "fc.bias changed after the digest was taken.", expect="global_state")
+    changed = round_bytes[:-1] + bytes([round_bytes[-1] ^ 1])  # compression "topk:0.5" becomes "topk:0.4"
+    forged = encode_message(key.seal(round_bytes).model_copy(update={"payload": changed}))
+    reject("bad_signature", forged, "bad_signature",
+           "round_signed.msgpack with the last byte of its payload changed (still a valid round); "
+           "verify with the test coordinator key.",
+           expect="round", public_key=key.public_key.to_text())
+
+
+def to_json(value: Any, indent: str = "") -> str:
+    """JSON with one key a line, but lists of scalars (array data, shapes) on one line."""
+    inner = indent + " "
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(k)}: {to_json(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(inner + to_json(v, inner) for v in value) + "\n" + indent + "]"
+    return json.dumps(value)
+
+
+def write(items: dict[str, tuple[bytes, dict[str, Any]]], out: Path) -> None:
+    for name, (payload, sidecar) in items.items():
+        path = out / f"{name}.msgpack"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(payload)
+        path.with_suffix(".json").write_text(to_json(sidecar) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory to write into (default: %(default)s)")
+    args = parser.parse_args(argv)
+    items = build()
+    write(items, args.out)
+    print(f"wrote {len(items)} vectors to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
