@@ -3,6 +3,10 @@
 Naming: one ``fl_`` prefix, base units, ``_total`` for counters. Labels are bounded: device
 class, model family, message kind, outcome or reject reason, never an agent id. Device and
 family values come from agents, so unknown ones fold into ``other`` past a small cap.
+
+The registry also carries the client library's runtime collectors (``process_*``: memory, CPU,
+file descriptors, start time, on Linux; ``python_*``: version and garbage collection), which a
+custom registry does not get by default.
 """
 
 from __future__ import annotations
@@ -10,7 +14,16 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from coordinator.rejects import RejectReason
 from coordinator.rounds import RoundSummary
@@ -40,10 +53,22 @@ _ROUND_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 _AGGREGATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+RUNTIME_PREFIXES = ("process_", "python_")
+
+
+def register_runtime_collectors(registry: CollectorRegistry) -> None:
+    """Process and Python metrics on ``registry``: each registry gets its own collectors (the
+    global REGISTRY's are not reused), so a fresh registry per test or per service works."""
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+
+
 class CoordinatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        register_runtime_collectors(r)
         self.info = Info("fl_coordinator", "Coordinator build and configuration", registry=r)
         self.rounds = Counter("fl_rounds_total", "Rounds closed, by outcome", ["outcome"], registry=r)
         self.round_duration = Histogram("fl_round_duration_seconds", "Wall time from opening to the new state checkpointed (aggregation included)",

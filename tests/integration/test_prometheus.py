@@ -36,6 +36,11 @@ RATE_INTERVAL = f"{4 * SCRAPE_S}s"
 DASHBOARD = REPO / "dashboards" / "edgefl-coordinator.json"
 ALERTS = REPO / "dashboards" / "alerts.yaml"
 GARBAGE = 5
+# Panels of events this healthy run without differential privacy never has: their series are
+# labelled by device or reason and appear with the first event, so here they stay empty (their
+# queries still have to run without error).
+QUIET_PANELS = {"Agent reconnects and restarts", "Agents out of DP budget by device class",
+                "Aggregation failures by reason"}
 
 
 def grafana_expr(expr: str, variables: dict[str, Any]) -> str:
@@ -109,11 +114,18 @@ def check_dashboard(prometheus: PrometheusServer, start: float, end: float, roun
                 series = prometheus.query_range(expr, start, end, step_s=SCRAPE_S)
             results.setdefault(panel["title"], []).append(series)
     empty = [title for title, per_target in results.items() if not any(has_data(s) for s in per_target)]
-    assert not empty, f"panels without data: {empty}"
+    assert not set(empty) - QUIET_PANELS, f"panels without data: {empty}"
 
     def values(title: str, target: int = 0, **labels: str) -> list[float]:
         return [float(v[1]) for s in results[title][target] if labels.items() <= s["metric"].items()
                 for v in s.get("values") or [s["value"]] if not math.isnan(float(v[1]))]
+
+    # The process metrics (on Linux) and the recorded rates reach their panels.
+    assert min(values("Resident memory")) > 1_000_000
+    assert {s["metric"]["implementation"] for s in results["Build"][1]} == {"CPython"}
+    assert max(values("Round duration", 0)) > 0  # p50 from instance:fl_round_duration_seconds_bucket:rate5m
+    assert values("Share of selected agents answering", 0)[-1] == 1.0
+    assert values("Share of selected agents answering", 2)[-1] == 0.0
 
     completed = [r for r in rounds if r["outcome"] == "completed"]
     assert len(completed) == ROUNDS + 1
@@ -136,7 +148,7 @@ def check_dashboard(prometheus: PrometheusServer, start: float, end: float, roun
 
 
 def check_alert_rules(prometheus: PrometheusServer) -> None:
-    expected = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    expected = {r.get("alert") or r["record"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
 
     def evaluated() -> list[dict[str, Any]]:
         rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]

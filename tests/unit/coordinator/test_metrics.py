@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import platform
+import sys
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.metrics import ROUND_OUTCOMES, CoordinatorMetrics
+from coordinator.metrics import ROUND_OUTCOMES, RUNTIME_PREFIXES, CoordinatorMetrics
 from protocol.version import SOFTWARE_VERSION
 from tests.unit.coordinator.test_engine import Clock, hello, make_engine, send, update
 
@@ -15,7 +18,7 @@ UNBOUNDED_LABELS = {"agent", "agent_id", "client_id", "run_id", "topic", "sessio
 
 def test_names_follow_prometheus_conventions() -> None:
     metrics = CoordinatorMetrics(CollectorRegistry())
-    families = list(metrics.registry.collect())
+    families = [f for f in metrics.registry.collect() if not f.name.startswith(RUNTIME_PREFIXES)]
     assert len(families) > 20
     for family in families:
         assert family.name.startswith("fl_"), family.name
@@ -28,6 +31,21 @@ def test_names_follow_prometheus_conventions() -> None:
             assert "_milliseconds" not in name and "_kilobytes" not in name, name
         for sample in family.samples:
             assert not UNBOUNDED_LABELS & set(sample.labels), (family.name, sample.labels)
+
+
+def test_a_scrape_carries_process_and_python_metrics() -> None:
+    """The client library's runtime collectors ride on the coordinator's own registry: what a
+    Prometheus scrape of /metrics (generate_latest) returns has them, for every fresh registry."""
+    for _ in range(2):  # a second registry in the same process: its own collectors, no clash
+        scraped = generate_latest(CoordinatorMetrics(CollectorRegistry()).registry).decode()
+        samples = {s.name: s for f in text_string_to_metric_families(scraped) for s in f.samples}
+        assert samples["python_info"].labels["implementation"] == platform.python_implementation()
+        assert "python_gc_collections_total" in samples
+        assert "fl_rounds_total" in samples
+        if sys.platform.startswith("linux"):  # ProcessCollector reads /proc
+            assert samples["process_resident_memory_bytes"].value > 1_000_000
+            assert samples["process_cpu_seconds_total"].value > 0
+            assert samples["process_open_fds"].value >= 3
 
 
 def test_known_outcomes_are_exported_before_the_first_round() -> None:
