@@ -16,7 +16,10 @@ import typer
 from coordinator.config import CoordinatorSettings
 from protocol.cli_options import settings_command, version_option
 
-app = typer.Typer(add_completion=False, help="Federated learning coordinator for edge fleets over MQTT.")
+# Plain click layout, not rich's table: with some 70 flags, rich's fixed option column left the help
+# a sliver of an 80-column terminal and cut values off; plain text wraps and greps.
+app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"max_content_width": 120},
+                  help="Federated learning coordinator for edge fleets over MQTT.")
 
 
 @app.callback()
@@ -35,10 +38,11 @@ def run(settings: CoordinatorSettings) -> int:
     return CoordinatorService(settings).run(stop)
 
 
-app.command("run")(settings_command(CoordinatorSettings, run))
+app.command("run", short_help="Run the coordinator until stopped, or until the run ends.")(
+    settings_command(CoordinatorSettings, run))
 
 
-@app.command("enroll")
+@app.command("enroll", short_help="Enroll devices: issue (or take) their keys and register them.")
 def enroll_command(
     agent_ids: list[str] = typer.Argument(..., help="ids of the devices to enroll"),
     state_dir: Path = typer.Option(Path("coordinator-state"), help="the coordinator's state directory"),

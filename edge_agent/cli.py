@@ -16,7 +16,10 @@ import typer
 from edge_agent.config import AgentSettings
 from protocol.cli_options import settings_command, version_option
 
-app = typer.Typer(add_completion=False, help="Federated learning edge agent.")
+# Plain click layout, not rich's table: with some 50 flags, rich's fixed option column left the help
+# a sliver of an 80-column terminal and cut values off; plain text wraps and greps.
+app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"max_content_width": 120},
+                  help="Federated learning edge agent.")
 
 
 @app.callback()
@@ -44,7 +47,7 @@ def run(settings: AgentSettings) -> int:
 app.command("run")(settings_command(AgentSettings, run))
 
 
-@app.command("tasks")
+@app.command("tasks", short_help="List the installed tasks, or print one task's card.")
 def tasks(
     card: str | None = typer.Option(None, "--card", metavar="<task>", show_default="list the installed tasks",
                                     help="print this task's card (JSON) for 'coordinator run --task FILE'"),

@@ -1,8 +1,9 @@
 """Both CLIs' help, read as a person reads it: every option shows a type, a default (or that it
 is required) and a line of help; ``--version`` prints the installed version and the wire schema.
 
-The help is rendered wide (no wrapping) through typer's CliRunner and parsed row by row; the
-parsed option names are checked against the commands' own parameters so that no row is missed.
+The help is rendered for an 80-column terminal through typer's CliRunner and parsed entry by
+entry (wrapped lines joined); the parsed option names are checked against the commands' own
+parameters, so that no entry is missed.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from protocol.cli_options import settings_command
 from protocol.version import SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
-WIDE = {"COLUMNS": "1000"}  # one row per option: rich wraps nothing
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # CI may force colours (FORCE_COLOR, GITHUB_ACTIONS)
+NARROW = {"COLUMNS": "80"}  # a common terminal: the help wraps, and nothing may be cut off
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # in case CI forces colours (FORCE_COLOR, GITHUB_ACTIONS)
 ACTIONS = {"--help", "--version"}  # they do something instead of setting something: no default to show
 
 COMMANDS = [
@@ -44,30 +45,37 @@ COMMANDS = [
 
 
 def render_help(app: typer.Typer, args: tuple[str, ...], env: dict[str, str] | None = None) -> str:
-    result = CliRunner().invoke(app, [*args, "--help"], env={**WIDE, **(env or {})})
+    result = CliRunner().invoke(app, [*args, "--help"], env={**NARROW, **(env or {})})
     assert result.exit_code == 0, result.output
     return ANSI.sub("", result.output)
 
 
+def help_entries(text: str, section: str) -> list[tuple[str, str]]:
+    """A section's entries (``Options:``, ``Arguments:``, ``Commands:``) as (what, help), wrapped lines joined."""
+    entries: list[tuple[str, str]] = []
+    lines = text.splitlines()
+    start = lines.index(section + ":") + 1
+    for line in lines[start:]:
+        if not line.strip() or not line.startswith(" "):
+            break  # the section ends at a blank line or the next heading
+        if re.match(r"  \S", line):  # a new entry; its help follows after two spaces, or on the next line
+            head, _, rest = line.strip().partition("  ")
+            entries.append((head, rest.strip()))
+        else:
+            head, previous = entries[-1]
+            entries[-1] = (head, f"{previous} {line.strip()}".strip())
+    return entries
+
+
 def help_rows(text: str) -> dict[str, dict[str, str]]:
-    """Each row of the Options and Arguments panels: name -> its type cell and its help cell."""
+    """Each option and argument: name -> its type (a metavar, or a --x / --no-x pair) and its help."""
     rows: dict[str, dict[str, str]] = {}
-    panel = None
-    for line in text.splitlines():
-        title = re.match(r"\s*╭─ (\w+) ─", line)
-        if title:
-            panel = title.group(1)
-            continue
-        if panel not in ("Options", "Arguments") or not line.lstrip().startswith("│"):
-            continue
-        cells = re.split(r"\s{2,}", line.strip().strip("│").strip())
-        if cells[0] == "*":  # the required marker has its own column
-            cells = cells[1:]
-        name, rest = cells[0], cells[1:]
-        assert name.startswith("--") or panel == "Arguments", f"a row that wrapped or did not parse: {line!r}"
-        secondary = rest.pop(0) if rest and rest[0].startswith("--no-") else ""
-        assert len(rest) >= 2, f"{name}: no type or no help in {line!r}"
-        rows[name] = {"secondary": secondary, "type": rest[0], "help": "  ".join(rest[1:])}
+    sections = [s for s in ("Arguments", "Options") if f"\n{s}:\n" in text]
+    for head, help_text in (e for s in sections for e in help_entries(text, s)):
+        match = re.fullmatch(r"(?P<name>[\w.-]+)(?: / (?P<negative>--no-[\w-]+))?(?: (?P<type><[^<>]+>))?", head)
+        assert match, f"an option line that did not parse: {head!r}"
+        flag_pair = f"{match['name']} / {match['negative']}" if match["negative"] else ""
+        rows[match["name"]] = {"type": match["type"] or flag_pair, "help": help_text}
     return rows
 
 
@@ -83,10 +91,11 @@ def test_every_option_shows_type_default_and_help(app: typer.Typer, args: tuple[
     rows = help_rows(render_help(app, args))
     assert {n for n in rows if n.startswith("--")} == declared_options(app, args)
     for name, row in rows.items():
-        assert re.fullmatch(r"<[^<>]+>( \[.+\])?", row["type"]), f"{name}: type cell {row['type']!r}"
+        assert row["type"] or name in ACTIONS, f"{name}: no type shown"
         assert row["help"][:1].isalnum(), f"{name}: help text missing: {row['help']!r}"
         if name not in ACTIONS:
             assert "default: " in row["help"] or "[required]" in row["help"], f"{name}: no default: {row['help']!r}"
+            assert "..." not in row["help"] and "\u2026" not in row["help"], f"{name}: help cut off: {row['help']!r}"
 
 
 @pytest.mark.parametrize(("app", "cls"), [(coordinator_cli.app, CoordinatorSettings), (agent_cli.app, AgentSettings)])
@@ -106,7 +115,7 @@ def test_values_types_and_choices_as_shown() -> None:
     assert "(1 <= x <= 1000000; default: 20; env FL_COORDINATOR_ROUNDS)" in coordinator["--rounds"]["help"]
     assert coordinator["--state-dir"]["type"] == "<path>"
     assert "default: coordinator-state;" in coordinator["--state-dir"]["help"]
-    assert coordinator["--evaluate-final"]["secondary"] == "--no-evaluate-final"
+    assert coordinator["--evaluate-final"]["type"] == "--evaluate-final / --no-evaluate-final"
     assert "default: on;" in coordinator["--evaluate-final"]["help"]
     assert "(0.0 <= x < 1.0; default: unset;" in coordinator["--momentum"]["help"]
     assert "(x >= 0.0; default: 10.0;" in coordinator["--max-norm-ratio"]["help"]
@@ -133,7 +142,7 @@ def test_a_secret_default_is_hidden() -> None:
         model_config = SettingsConfigDict(env_prefix="T_")
         token: SecretStr = Field(default=SecretStr("hunter2-default"), description="an API token")
 
-    app = typer.Typer()
+    app = typer.Typer(rich_markup_mode=None)
     app.command("run")(settings_command(WithSecret, lambda settings: 0))
     app.command("other")(lambda: None)  # two commands, so that "run" stays a subcommand
     text = render_help(app, ("run",))
@@ -142,12 +151,11 @@ def test_a_secret_default_is_hidden() -> None:
 
 
 @pytest.mark.parametrize("app", [coordinator_cli.app, agent_cli.app])
-def test_every_command_has_a_line_of_help(app: typer.Typer) -> None:
-    text = render_help(app, ())
-    panel = text[text.index("Commands"):]
-    for name in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
-        row = re.search(rf"│ {name}\s+(\S.*?)\s*│", panel)
-        assert row and row.group(1)[:1].isalnum(), f"{name} has no help line"
+def test_every_command_has_a_whole_line_of_help(app: typer.Typer) -> None:
+    commands = dict(help_entries(render_help(app, ()), "Commands"))
+    assert set(commands) == set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+    for name, line in commands.items():
+        assert line[:1].isalnum() and not line.endswith("..."), f"{name}: {line!r}"
 
 
 VERSION_PROBE = textwrap.dedent(
