@@ -25,25 +25,28 @@ class CoordinatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FL_COORDINATOR_", extra="forbid", validate_default=True)
 
     # where
-    federation: str = "default"
-    broker_url: str = "mqtt://localhost:1883"
-    broker_username: str | None = None
-    broker_password: SecretStr | None = None
+    federation: str = Field(default="default", description=(
+        "the federation's name: its topics live under fl/<federation>/, shared with its agents"))
+    broker_url: str = Field(default="mqtt://localhost:1883", description=(
+        "the MQTT broker: mqtt://host:port, or mqtts:// for TLS"))
+    broker_username: str | None = Field(default=None, description="broker user name; unset: connect anonymously")
+    broker_password: SecretStr | None = Field(default=None, description="broker password, with broker_username")
     ca_file: Path | None = Field(default=None, description=(
-        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); default the system's CAs"))
+        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); unset: the system's CAs"))
     cert_file: Path | None = Field(default=None, description=(
         "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
     key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
-    client_id: str | None = Field(default=None, description="MQTT client id; default coordinator-{federation}")
-    state_dir: Path = Path("coordinator-state")
-    http_host: str = "0.0.0.0"
-    http_port: int = Field(default=9100, ge=0, le=65535)
+    client_id: str | None = Field(default=None, description="MQTT client id; unset: coordinator-{federation}")
+    state_dir: Path = Field(default=Path("coordinator-state"), description=(
+        "checkpoints, the rounds log, keys and enrollments; a restart resumes the run kept here"))
+    http_host: str = Field(default="0.0.0.0", description="address serving /metrics, /healthz and /readyz")
+    http_port: int = Field(default=9100, ge=0, le=65535, description="port of /metrics, /healthz, /readyz; 0: any free")
 
     # what
     task: str = Field(default="digits", description=(
         "the task agents run: a built-in task's name (digits, mnist-5k, basic-motions) or a task card file "
         "(.json, from 'edge-agent tasks --card NAME'); agents of another task, version or model layout are refused"))
-    algorithm: AlgorithmName = "fedavg"
+    algorithm: AlgorithmName = Field(default="fedavg", description="the federated learning algorithm")
     aggregator: AggregatorName = Field(default="mean", description="how updates are combined")
     byzantine_f: int = Field(default=0, ge=0, le=10_000, description=(
         "Byzantine updates to tolerate per aggregation: Krum and Multi-Krum need n > 2f + 2 updates, the median "
@@ -51,16 +54,17 @@ class CoordinatorSettings(BaseSettings):
     trim_beta: float = Field(default=0.1, ge=0.0, lt=0.5, description=(
         "trimmed_mean: fraction trimmed at each end of every coordinate (floor(beta * n) values)"))
     multi_krum_m: int | None = Field(default=None, ge=1, description=(
-        "multi_krum: how many best-scored updates to average; default n - f"))
+        "multi_krum: how many best-scored updates to average; unset: n - f"))
     clip_norm: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
-        "scale each update (delta) to at most this L2 norm before aggregating; default no clipping"))
-    rounds: int = Field(default=20, ge=1, le=1_000_000)
-    local_epochs: int = Field(default=2, ge=1, le=1000)
-    learning_rate: float = Field(default=0.05, gt=0.0, le=10.0)
+        "scale each update (delta) to at most this L2 norm before aggregating; unset: no clipping"))
+    rounds: int = Field(default=20, ge=1, le=1_000_000, description="training rounds to run")
+    local_epochs: int = Field(default=2, ge=1, le=1000, description="epochs each agent trains per round")
+    learning_rate: float = Field(default=0.05, gt=0.0, le=10.0, description="agents' local SGD learning rate")
     momentum: float | None = Field(default=None, ge=0.0, lt=1.0,
-                                   description="local SGD momentum; default 0.9, or 0 for scaffold (which needs 0)")
-    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
-    batch_size: int | None = Field(default=None, ge=1)
+                                   description="local SGD momentum; unset: 0.9, or 0 for scaffold (which needs 0)")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="agents' local SGD weight decay")
+    batch_size: int | None = Field(default=None, ge=1, description=(
+        "local batch size for every agent; unset: each agent's own (its device profile's or its --batch-size)"))
     server_learning_rate: float = Field(default=1.0, gt=0.0, le=10.0,
                                         description="global step on the mean delta (SCAFFOLD's global learning rate)")
     prox_mu: float = Field(default=0.01, ge=0.0, le=100.0, description="fedprox: weight of the proximal term")
@@ -70,8 +74,10 @@ class CoordinatorSettings(BaseSettings):
     proto_momentum: float = Field(default=0.0, ge=0.0, lt=1.0,
                                   description="fedproto: server momentum on the global prototypes")
     proto_normalize: bool = Field(default=False, description="fedproto: L2-normalise embeddings and prototypes")
-    init_seed: int = Field(default=0, ge=0, lt=2**31)
-    evaluate_final: bool = True
+    init_seed: int = Field(default=0, ge=0, lt=2**31, description=(
+        "seed of the initial global model, built alike by every agent"))
+    evaluate_final: bool = Field(default=True, description=(
+        "after the last round, one evaluation round of the final model on the agents' held-out data"))
 
     compression: str = Field(default="none", description=(
         "how agents compress their update's delta: none, fp16, int8 (stochastic rounding, unbiased) or topk:F "
@@ -97,9 +103,10 @@ class CoordinatorSettings(BaseSettings):
         "kl weighting: an agent at KL = temperature keeps e^-1 = 37% of its weight"))
 
     # who, and how long to wait for them
-    seed: int = 0
-    fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0)
-    min_fit_agents: int = Field(default=2, ge=1)
+    seed: int = Field(default=0, description="seed of agent selection (with the round number: a restart re-selects alike)")
+    fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0, description=(
+        "fraction of the available agents a round wants updates from"))
+    min_fit_agents: int = Field(default=2, ge=1, description="fewest agents a round wants updates from")
     over_selection: float = Field(default=0.0, ge=0.0, le=10.0, description=(
         "select this fraction more agents than the round wants (0.3: 30% more); the round closes as soon "
         "as the wanted number answered, so a few stragglers or dropouts do not hold it up"))
@@ -109,10 +116,12 @@ class CoordinatorSettings(BaseSettings):
         "agents the registry remembers; when full, the longest-silent one is forgotten, or a new one refused"))
     forget_agents_after_s: float = Field(default=7 * 86_400.0, gt=0.0, description=(
         "forget an agent not heard from for this long (it re-enters with its next status)"))
-    min_available_agents: int = Field(default=2, ge=1)
-    quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0)
-    min_updates: int = Field(default=1, ge=1)
-    round_deadline_s: float = Field(default=60.0, gt=0.0, le=86_400.0)
+    min_available_agents: int = Field(default=2, ge=1, description="a round opens once this many agents are online")
+    quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0, description=(
+        "fraction of the wanted updates that must arrive by the deadline, else the round fails (quorum_missed)"))
+    min_updates: int = Field(default=1, ge=1, description="fewest updates a round needs at its deadline (the quorum's floor)")
+    round_deadline_s: float = Field(default=60.0, gt=0.0, le=86_400.0, description=(
+        "seconds a round waits for updates before it closes"))
     agent_timeout_s: float = Field(default=90.0, gt=0.0, description=(
         "an agent not heard from for this long is offline, even without its last will"))
     resume_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0, description=(
@@ -123,14 +132,15 @@ class CoordinatorSettings(BaseSettings):
     reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
 
     # limits
-    max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024)
+    max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
+        "largest update accepted from one agent, in bytes (reassembled, if sent in chunks)"))
     enrollment: Literal["required", "open"] = Field(default="required", description=(
         "required: accept only agents enrolled with 'coordinator enroll', by their signatures; "
         "open: anyone who reaches the broker (experiments only)"))
     enrolled_agents_file: Path | None = Field(default=None, description=(
-        "enrolled agents' public keys; default STATE_DIR/enrolled.json"))
+        "enrolled agents' public keys; unset: STATE_DIR/enrolled.json"))
     signing_key_file: Path | None = Field(default=None, description=(
-        "the coordinator's Ed25519 key (created if missing); default STATE_DIR/coordinator_key.pem"))
+        "the coordinator's Ed25519 key (created if missing); unset: STATE_DIR/coordinator_key.pem"))
     max_samples_per_update: int = Field(default=1_000_000, ge=1, description=(
         "most samples an update may claim as its weight (an enrollment's max_samples can lower it)"))
     max_norm_ratio: float = Field(default=10.0, ge=0.0, allow_inf_nan=False, description=(
@@ -139,8 +149,9 @@ class CoordinatorSettings(BaseSettings):
         "robust rules keep a round's updates in memory up to this, in a memory-mapped file under state_dir beyond it"))
     max_message_bytes: int = Field(default=0, ge=0, description=(
         "split published global states above this size into chunks (for brokers that cap messages); 0 never"))
-    exit_when_finished: bool = False
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    exit_when_finished: bool = Field(default=False, description=(
+        "exit (status 0) once the run is finished, instead of serving metrics until stopped"))
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe log level shown")
 
     @field_validator("federation")
     @classmethod

@@ -1,5 +1,9 @@
 """``edge-agent run --device jetson|rpi|phone|cpu``: train on this device's data;
-``edge-agent tasks``: the tasks installed here, or one task's card for the coordinator."""
+``edge-agent tasks``: the tasks installed here, or one task's card for the coordinator.
+
+Only the settings class (for the flags) is imported at the top: torch, Opacus and the task
+code load inside the commands, so ``--help`` and ``--version`` answer without them.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,16 @@ import threading
 import typer
 
 from edge_agent.config import AgentSettings
-from protocol.cli_options import settings_command
+from protocol.cli_options import settings_command, version_option
 
-app = typer.Typer(add_completion=False, help="Federated learning edge agent.")
+# Plain click layout, not rich's table: with some 50 flags, rich's fixed option column left the help
+# a sliver of an 80-column terminal and cut values off; plain text wraps and greps.
+app = typer.Typer(add_completion=False, rich_markup_mode=None, context_settings={"max_content_width": 120},
+                  help="Federated learning edge agent.")
 
 
 @app.callback()
-def _root() -> None:
+def _root(version: bool = version_option("edge-agent")) -> None:
     """Federated learning edge agent."""
 
 
@@ -40,10 +47,10 @@ def run(settings: AgentSettings) -> int:
 app.command("run")(settings_command(AgentSettings, run))
 
 
-@app.command("tasks")
+@app.command("tasks", short_help="List the installed tasks, or print one task's card.")
 def tasks(
-    card: str | None = typer.Option(None, "--card", metavar="TASK",
-                                    help="print TASK's card (JSON) for 'coordinator run --task FILE'"),
+    card: str | None = typer.Option(None, "--card", metavar="<task>", show_default="list the installed tasks",
+                                    help="print this task's card (JSON) for 'coordinator run --task FILE'"),
 ) -> None:
     """List the installed tasks (entry-point group edgefl.tasks), or print one task's card."""
     from edge_agent.tasks.registry import TaskNotFound, installed_tasks, resolve_task

@@ -19,52 +19,60 @@ USABLE_COMPRESSORS = ("fp16", "int8", "topk")
 class AgentSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FL_AGENT_", extra="forbid", validate_default=True)
 
-    federation: str = "default"
-    broker_url: str = "mqtt://localhost:1883"
-    broker_username: str | None = None
-    broker_password: SecretStr | None = None
+    federation: str = Field(default="default", description=(
+        "the federation to join: its topics live under fl/<federation>/, as the coordinator's"))
+    broker_url: str = Field(default="mqtt://localhost:1883", description=(
+        "the MQTT broker: mqtt://host:port, or mqtts:// for TLS"))
+    broker_username: str | None = Field(default=None, description="broker user name; unset: connect anonymously")
+    broker_password: SecretStr | None = Field(default=None, description="broker password, with broker_username")
     ca_file: Path | None = Field(default=None, description=(
-        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); default the system's CAs"))
+        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); unset: the system's CAs"))
     cert_file: Path | None = Field(default=None, description=(
         "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
     key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
-    device: Literal["jetson", "rpi", "phone", "cpu"] = "cpu"
-    agent_id: str | None = Field(default=None, description="default: kept in the state dir, made once")
-    state_dir: Path = Path("agent-state")
+    device: Literal["jetson", "rpi", "phone", "cpu"] = Field(default="cpu", description=(
+        "device profile: batch size, threads and model family; jetson trains on CUDA where available"))
+    agent_id: str | None = Field(default=None, description="this agent's id; unset: made once and kept in the state dir")
+    state_dir: Path = Field(default=Path("agent-state"), description=(
+        "the agent's id, key, progress, privacy budget and training state, kept across restarts"))
     task: str = Field(default="digits", description=(
         "the task to run: an installed task's name ('edge-agent tasks' lists them) or package.module:attr"))
-    family: str | None = Field(default=None, description="model family; default: the one the task gives the device")
+    family: str | None = Field(default=None, description="model family; unset: the one the task gives the device")
 
     data: str | None = Field(default=None, description=(
         "this device's data, as the task reads it (built-in tasks: a built-in set's name, an .npz, an image folder, "
-        "CSV/Parquet readings); default: the task's built-in set"))
+        "CSV/Parquet readings); unset: the task's built-in set"))
     eval_data: str | None = Field(default=None, description=(
-        "held-out data for the metrics this agent reports; default: eval_fraction of its data"))
-    partition: Literal["none", "iid", "dirichlet", "classes"] = "none"
-    num_partitions: int = Field(default=1, ge=1)
-    partition_index: int = Field(default=0, ge=0)
-    alpha: float = Field(default=0.5, gt=0.0)
-    min_size: int = Field(default=10, ge=1)
-    classes_per_client: int = Field(default=2, ge=1)
-    data_seed: int = 0
-    eval_fraction: float = Field(default=0.15, ge=0.0, lt=1.0)
+        "held-out data for the metrics this agent reports; unset: eval_fraction of its data"))
+    partition: Literal["none", "iid", "dirichlet", "classes"] = Field(default="none", description=(
+        "simulate a fleet from one data set: keep only this agent's share of it (none: all of it)"))
+    num_partitions: int = Field(default=1, ge=1, description="shares the data is split into (agents simulated)")
+    partition_index: int = Field(default=0, ge=0, description="which share is this agent's, from 0")
+    alpha: float = Field(default=0.5, gt=0.0, description="dirichlet: label skew, smaller is more skewed")
+    min_size: int = Field(default=10, ge=1, description="dirichlet: fewest samples in any share")
+    classes_per_client: int = Field(default=2, ge=1, description="classes: labels each share holds")
+    data_seed: int = Field(default=0, description="seed of the partition and of the held-out split")
+    eval_fraction: float = Field(default=0.15, ge=0.0, lt=1.0, description=(
+        "fraction of the data held out for evaluation, when eval_data is unset"))
 
     # FOR TESTS AND BENCHMARKS ONLY: make this agent Byzantine (edge_agent/attacks).
     attack: Literal["none", "sign_flip", "scaling", "gaussian_noise", "label_flip", "alie"] = Field(
         default="none", description="TESTS/BENCHMARKS ONLY: send malicious updates")
     attack_scale: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
-        "sign_flip: send -s x delta (default 4); scaling: poisoned delta x s (default 10); "
-        "gaussian_noise: sigma = s x RMS of the delta (default 100)"))
+        "sign_flip: send -s x delta; scaling: poisoned delta x s; gaussian_noise: sigma = s x RMS of the delta; "
+        "unset: 4, 10 and 100 respectively"))
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
-        "alie: send mean - z x std of the colluders' benign updates (default 1)"))
+        "alie: send mean - z x std of the colluders' benign updates; unset: 1"))
 
     compressors: str = Field(default="fp16,int8,topk", description=(
         "the update compressors this device may use (comma-separated: fp16, int8, topk; 'none' for none); a round "
         "asking for another is answered uncompressed, and the update says why"))
 
-    threads: int | None = Field(default=None, ge=0)
-    batch_size: int | None = Field(default=None, ge=1)
-    heartbeat_s: float = Field(default=15.0, gt=0.0)
+    threads: int | None = Field(default=None, ge=0, description=(
+        "torch CPU threads; unset: the device profile's; 0: torch's default"))
+    batch_size: int | None = Field(default=None, ge=1, description=(
+        "local batch size unless the coordinator sets one; unset: the device profile's"))
+    heartbeat_s: float = Field(default=15.0, gt=0.0, description="seconds between status heartbeats to the coordinator")
     reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
     reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
     straggler_delay: str = Field(default="off", description=(
@@ -79,10 +87,11 @@ class AgentSettings(BaseSettings):
     dp_target_epsilon: float | None = Field(default=None, gt=0.0,
                                             description="calibrate the noise once to reach this after dp_planned_rounds")
     dp_planned_rounds: int | None = Field(default=None, ge=1, description="rounds dp_target_epsilon is spread over")
-    dp_delta: float = Field(default=1e-5, gt=0.0, lt=1.0)
+    dp_delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description="delta of the (epsilon, delta) guarantee")
     dp_budget_epsilon: float | None = Field(default=None, gt=0.0,
-                                            description="stop training before epsilon passes this; default the target")
-    dp_accountant: Literal["rdp", "prv", "gdp"] = "rdp"
+                                            description="stop training before epsilon passes this; unset: the target")
+    dp_accountant: Literal["rdp", "prv", "gdp"] = Field(default="rdp", description=(
+        "how spent epsilon is computed (Opacus accountants)"))
     dp_prototype_noise_multiplier: float | None = Field(
         default=None, gt=0.0, description="Gaussian mechanism on FedProto prototypes; unset refuses them under dp")
     dp_prototype_clip: float = Field(default=1.0, gt=0.0, description="embedding norm clip for prototypes")
@@ -91,9 +100,9 @@ class AgentSettings(BaseSettings):
     coordinator_key: str | None = Field(default=None, description=(
         "the coordinator's public key (ed25519:<base64>, or a file holding it): act only on what it signed"))
     signing_key_file: Path | None = Field(default=None, description=(
-        "this agent's Ed25519 key from enrollment (created if missing); default STATE_DIR/agent_key.pem"))
-    exit_when_finished: bool = False
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+        "this agent's Ed25519 key from enrollment (created if missing); unset: STATE_DIR/agent_key.pem"))
+    exit_when_finished: bool = Field(default=False, description="exit (status 0) once the coordinator's run finished")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe log level shown")
 
     @field_validator("federation")
     @classmethod

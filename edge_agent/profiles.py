@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+log = logging.getLogger(__name__)
+
+_warned_no_cuda: set[str] = set()
+"""Profiles already warned about missing CUDA: once per process, however many agents it runs."""
 
 
 @dataclass(frozen=True)
@@ -19,8 +25,12 @@ class DeviceProfile:
     """Preferred; falls back to the CPU where CUDA is absent."""
 
     def torch_device(self) -> torch.device:
-        if self.accelerator == "cuda" and torch.cuda.is_available():
-            return torch.device("cuda")
+        if self.accelerator == "cuda":
+            if torch.cuda.is_available():
+                return torch.device("cuda")
+            if self.name not in _warned_no_cuda:  # a device meant to use its GPU is much slower without it
+                _warned_no_cuda.add(self.name)
+                log.warning("device %s: CUDA is not available; training on CPU", self.name)
         return torch.device("cpu")
 
 
