@@ -111,7 +111,9 @@ def test_the_schema_of_coordinator_config_matches_the_settings_model() -> None:
     assert schema == script.with_config_schema(schema), "run PYTHONPATH=. python scripts/chart_config_schema.py"
     config = schema["properties"]["coordinator"]["properties"]["config"]
     assert config["additionalProperties"] is False
-    assert config["properties"]["rounds"] == {"type": "integer", "minimum": 1, "maximum": 1_000_000}
+    assert config["properties"]["rounds"] == {"type": "integer", "minimum": 1, "maximum": 1_000_000,
+                                              "description": "training rounds to run"}
+    assert config["properties"]["state_compression"]["enum"] == ["none", "fp16"]
     assert config["properties"]["log_level"]["enum"] == ["DEBUG", "INFO", "WARNING", "ERROR"]
     assert config["properties"]["batch_size"]["type"] == ["integer", "null"]
 
