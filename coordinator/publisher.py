@@ -47,11 +47,14 @@ class Publisher:
             if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
             payload = self.sealed(encode_message(state.message(run_id, family)))
-            for piece in split_payload(payload, self.max_message_bytes):
-                sent += self.publish(self.topics.global_state(family, state.round), piece, "global_state", retain=True)
-            superseded = self.retained.published(family, state.round, state.digest)
-            if superseded is not None:
-                self.publish(self.topics.global_state(family, superseded), b"", "global_state", retain=True)
+            pieces = split_payload(payload, self.max_message_bytes)
+            in_use = self.topics.global_state_topics(family, state.round, len(pieces))
+            for topic, piece in zip(in_use, pieces, strict=True):
+                sent += self.publish(topic, piece, "global_state", retain=True)
+            for old_round, old_chunks in self.retained.published(family, state.round, state.digest, len(pieces)):
+                for topic in self.topics.global_state_topics(family, old_round, old_chunks):
+                    if topic not in in_use:
+                        self.publish(topic, b"", "global_state", retain=True)
         self.retained.save()
         return sent
 

@@ -247,7 +247,8 @@ class EdgeAgent:
             elif parsed.kind == "global_state" and parsed.family == self.worker.family:
                 # Some brokers (amqtt) also replay other families' retained states on connect;
                 # states are keyed by round only, so a foreign one would shadow ours.
-                self._on_global_state(parsed.round, payload)  # type: ignore[arg-type]
+                if payload or parsed.chunk is None:  # an emptied chunk topic says nothing about the state
+                    self._on_global_state(parsed.round, payload)  # type: ignore[arg-type]
         except ProtocolError as exc:
             self._drop(topic, exc.reason.value, exc.detail)
             return

@@ -15,6 +15,7 @@ from protocol.messages import IDENTIFIER_PATTERN
 
 _IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
 _ROUND = re.compile(r"^(0|[1-9][0-9]{0,7})$")
+_CHUNK_INDEX = re.compile(r"^(0|[1-9][0-9]{0,4})$")
 
 TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update"]
 
@@ -31,6 +32,8 @@ class ParsedTopic:
     agent_id: str | None = None
     family: str | None = None
     round: int | None = None
+    chunk: int | None = None
+    """A chunked global state's chunk topic: the index in its name."""
 
 
 class Topics:
@@ -49,8 +52,19 @@ class Topics:
     def global_state(self, family: str, round_number: int) -> str:
         return f"{self.root}/global/{family}/{round_number}"
 
+    def global_state_chunk(self, family: str, round_number: int, index: int) -> str:
+        """Where chunk ``index`` of a chunked global state is retained: one topic per chunk, since a
+        broker retains only the last message of a topic and a late subscriber needs every chunk."""
+        return f"{self.root}/global/{family}/{round_number}/{index}"
+
+    def global_state_topics(self, family: str, round_number: int, chunks: int) -> list[str]:
+        """The topics a state published in ``chunks`` pieces is retained on (1: unchunked)."""
+        if chunks <= 1:
+            return [self.global_state(family, round_number)]
+        return [self.global_state_chunk(family, round_number, i) for i in range(chunks)]
+
     def global_states_of(self, family: str) -> str:
-        return f"{self.root}/global/{family}/+"
+        return f"{self.root}/global/{family}/#"
 
     def agent_status(self, agent_id: str) -> str:
         return f"{self.root}/agents/{agent_id}/status"
@@ -84,6 +98,8 @@ class Topics:
             return ParsedTopic("agent_status", agent_id=rest[1])
         if len(rest) == 3 and rest[0] == "updates" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2]):
             return ParsedTopic("update", agent_id=rest[1], round=int(rest[2]))
-        if len(rest) == 3 and rest[0] == "global" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2]):
-            return ParsedTopic("global_state", family=rest[1], round=int(rest[2]))
+        if (len(rest) in (3, 4) and rest[0] == "global" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2])
+                and (len(rest) == 3 or _CHUNK_INDEX.fullmatch(rest[3]))):
+            return ParsedTopic("global_state", family=rest[1], round=int(rest[2]),
+                               chunk=int(rest[3]) if len(rest) == 4 else None)
         raise ProtocolError(Reason.BAD_TOPIC, f"unknown topic {topic[:120]}")

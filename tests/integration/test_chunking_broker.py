@@ -9,6 +9,7 @@ that the chunks reassemble into the global states and updates the rounds were ma
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.chunking import Reassembler
 from protocol.messages import Chunk, GlobalState, Update
-from protocol.topics import Topics
+from protocol.topics import ParsedTopic, Topics
 from protocol.wire import decode_message
 from tests.integration.wire import (
     WireRecorder,
@@ -49,6 +50,8 @@ def test_large_states_and_updates_cross_a_capped_broker_in_chunks(tmp_path: Path
         with fleet:
             rounds = wait_for_rounds(fleet, ROUNDS + 1, 240)  # two rounds and the evaluation
             assert_agents_exit_cleanly(fleet, 60)
+        with WireRecorder(broker.url, f"fl/{FEDERATION}/global/#", client_id="late-joiner") as late:
+            retained = wait_for_retained_states(late, {"cnn_large", "cnn_small"}, 60)
         broker_log = broker.log_path.read_text(errors="replace")
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
     assert_all_completed(rounds, ROUNDS + 1)
@@ -60,7 +63,11 @@ def test_large_states_and_updates_cross_a_capped_broker_in_chunks(tmp_path: Path
     too_large = [(m.topic, len(m.payload)) for _, m in seen if len(m.payload) > MAX_MESSAGE]
     assert not too_large, too_large
 
-    # Put the chunks back together per topic, as the receivers do; keep whole messages as they are.
+    # A subscriber that arrives after the run gets every family's final state from what is retained,
+    # the chunked one included (each chunk is retained on its own topic), and nothing superseded.
+    assert {(s.family, s.round) for s in retained} == {("cnn_large", ROUNDS + 1), ("cnn_small", ROUNDS + 1)}
+
+    # Put the chunks back together per state or update, as the receivers do; keep whole messages as they are.
     reassembler = Reassembler()
     whole: list[tuple[str, bytes]] = []
     chunked: set[tuple[str, str]] = set()  # (kind, family or agent) that travelled in chunks
@@ -72,7 +79,7 @@ def test_large_states_and_updates_cross_a_capped_broker_in_chunks(tmp_path: Path
             whole.append((message.topic, message.payload))
             continue
         chunked.add((parsed.kind, parsed.family or parsed.agent_id or ""))
-        payload = reassembler.add(message.topic, decoded)
+        payload = reassembler.add(transfer_key(topics, parsed, message.topic), decoded)
         if payload is not None:
             assert len(payload) > BROKER_CAP, (message.topic, len(payload))  # only what could not pass whole
             whole.append((message.topic, payload))
@@ -89,3 +96,28 @@ def test_large_states_and_updates_cross_a_capped_broker_in_chunks(tmp_path: Path
     for update in updates:
         if update.family == "cnn_large" and update.task == "train":
             assert sum(a.nbytes for a in (update.weights or update.delta).values()) > BROKER_CAP
+
+
+def transfer_key(topics: Topics, parsed: ParsedTopic, topic: str) -> str:
+    """Chunks of one global state arrive on one topic per chunk: key them by the state's topic."""
+    return topics.global_state(parsed.family, parsed.round) if parsed.kind == "global_state" else topic  # type: ignore[arg-type]
+
+
+def wait_for_retained_states(recorder: WireRecorder, families: set[str], timeout_s: float) -> list[GlobalState]:
+    """The global states ``recorder`` received (retained ones, for a late subscriber), once it holds
+    one whole state of every family; fails after ``timeout_s``."""
+    topics = Topics(FEDERATION)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reassembler, states = Reassembler(), []
+        for message in recorder.snapshot(lambda m: bool(m.payload)):
+            parsed = topics.parse(message.topic)
+            decoded = decode_message(message.payload)
+            payload = reassembler.add(transfer_key(topics, parsed, message.topic), decoded) \
+                if isinstance(decoded, Chunk) else message.payload
+            if payload is not None:
+                states.append(decode_wire(payload, GlobalState))
+        if {s.family for s in states} >= families:
+            return states
+        assert time.monotonic() < deadline, f"a late subscriber got only {[(s.family, s.round) for s in states]}"
+        time.sleep(0.2)

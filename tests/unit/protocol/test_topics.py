@@ -33,6 +33,12 @@ def test_builders_and_parse_round_trip(federation: str, agent: str, family: str,
     assert topics.parse(topics.global_state(family, round_number)) == ParsedTopic(
         "global_state", family=family, round=round_number
     )
+    assert topics.parse(topics.global_state_chunk(family, round_number, 12)) == ParsedTopic(
+        "global_state", family=family, round=round_number, chunk=12
+    )
+    assert topics.global_state_topics(family, round_number, 1) == [topics.global_state(family, round_number)]
+    assert topics.global_state_topics(family, round_number, 2) == [
+        topics.global_state_chunk(family, round_number, 0), topics.global_state_chunk(family, round_number, 1)]
 
 
 def test_topic_names_follow_the_design() -> None:
@@ -40,7 +46,7 @@ def test_topic_names_follow_the_design() -> None:
     assert topics.coordinator_status == "fl/fed-1/coordinator/status"
     assert topics.rounds_current == "fl/fed-1/rounds/current"
     assert topics.global_state("cnn", 7) == "fl/fed-1/global/cnn/7"
-    assert topics.global_states_of("cnn") == "fl/fed-1/global/cnn/+"
+    assert topics.global_states_of("cnn") == "fl/fed-1/global/cnn/#"
     assert topics.agent_status("jetson-3") == "fl/fed-1/agents/jetson-3/status"
     assert topics.all_agent_status == "fl/fed-1/agents/+/status"
     assert topics.update("jetson-3", 7) == "fl/fed-1/updates/jetson-3/7"
@@ -118,6 +124,10 @@ def test_arbitrary_strings_parse_or_raise_bad_topic(topic: str) -> None:
         "fl/fed/global/cnn/x",
         "fl/fed/global/cnn\n/3",
         "fl/fed/global/c/n/3",
+        "fl/fed/global/cnn/3/x",
+        "fl/fed/global/cnn/3/01",
+        "fl/fed/global/cnn/3/123456",
+        "fl/fed/global/cnn/3/0/1",
         "fl/fed/unknown/a/1",
     ],
 )
