@@ -5,7 +5,8 @@ compiler stack) the first time it is built or stepped, to mark its methods as no
 about 75 MB resident that an agent training in eager mode never uses (bench/memory.py). This is
 ``torch.optim.SGD``'s single-tensor update (dampening 0, no Nesterov), in the same order of
 operations, so a round gives the same weights bit for bit (tests/unit/edge_agent/test_sgd.py).
-DP-SGD keeps torch.optim: Opacus's optimizer wraps one.
+Opacus's ``DPOptimizer`` wraps it as it would a torch optimizer: it reads only ``param_groups``
+(and ``state``, ``defaults``), calls ``zero_grad`` and leaves ``step`` to the caller.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ class SGD:
         self.weight_decay = weight_decay
         self._buffers: list[torch.Tensor | None] = [None] * len(self.params)
         """Momentum buffers, made on a parameter's first step with a gradient (as torch.optim does)."""
+        self.defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
+        self.param_groups = [{"params": self.params, **self.defaults}]
+        """What an optimizer wrapper (Opacus) reads; changing a group's values does not change the steps."""
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
