@@ -10,6 +10,7 @@ import torch
 
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
+from edge_agent.sgd import SGD
 from edge_agent.tasks.base import CLASSIFICATION, Objective
 from protocol.messages import LocalTraining
 
@@ -62,8 +63,8 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
     """``plan.epochs`` passes of SGD over ``data``; the loss is the task's plus the algorithm's terms."""
     started = time.perf_counter()
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,
-                                weight_decay=plan.weight_decay)
+    optimizer = SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,
+                    weight_decay=plan.weight_decay)  # not torch.optim's: see edge_agent/sgd.py
     x, y = to_tensors(data, device)
     generator = torch.Generator().manual_seed(seed)
     loss_sum = 0.0

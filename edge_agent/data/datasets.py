@@ -7,7 +7,10 @@ labels are int64 [N] in the task's declared label space, or float32 targets for 
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -50,14 +53,35 @@ def split_indices(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nd
 
 def load_digits(test_fraction: float = 0.2, seed: int = 0) -> tuple[Dataset, Dataset]:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, no download): (train, test)."""
-    from sklearn.datasets import load_digits as sk_load_digits
-
-    bunch = sk_load_digits()
-    x = (bunch.images.astype(np.float32) / 16.0)[:, None, :, :]
-    y = bunch.target.astype(np.int64)
+    x, y = _digits_arrays()
     train_idx, test_idx = split_indices(len(y), test_fraction, seed)
     full = Dataset(x, y, 10, "digits")
     return full.subset(train_idx, "digits-train"), full.subset(test_idx, "digits-test")
+
+
+DIGITS_CSV = ("datasets", "data", "digits.csv.gz")
+"""Where scikit-learn keeps the digits inside its package: 64 pixel columns (0-16), then the label."""
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The digits read straight from the CSV scikit-learn ships, without importing scikit-learn.
+
+    ``import sklearn.datasets`` pulls in scipy, pandas and pyarrow (about 80 MB resident on a phone
+    profile that trains a 9k-parameter model); locating the package does not execute it.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("the digits set is read from scikit-learn's package data: pip install scikit-learn")
+    path = Path(next(iter(spec.submodule_search_locations)), *DIGITS_CSV)
+    if not path.is_file():
+        raise ValueError(f"the digits set is read from scikit-learn's package data, and {path} is missing: "
+                         f"reinstall scikit-learn")
+    with gzip.open(path, "rt") as f:
+        table = np.loadtxt(f, delimiter=",", dtype=np.float32)
+    if table.ndim != 2 or table.shape[1] != 65:
+        raise ValueError(f"{path}: expected 65 columns (64 pixels and the label), got shape {list(table.shape)}")
+    x = np.ascontiguousarray(table[:, :64].reshape(-1, 1, 8, 8) / 16.0)
+    return x, table[:, 64].astype(np.int64)
 
 
 def make_synthetic(n: int = 2000, num_classes: int = 10, shape: tuple[int, int, int] = (1, 8, 8),

@@ -46,6 +46,7 @@ from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.privacy.errors import PrivacyUnsupported
 from edge_agent.privacy.ledger import Charge
+from edge_agent.sgd import SGD
 from edge_agent.tasks.base import CLASSIFICATION, Objective
 from edge_agent.training import TrainResult, to_tensors
 from protocol.messages import LocalTraining
@@ -87,8 +88,9 @@ def train_private(model: FedModel, data: Dataset, plan: LocalTraining, shape: Ro
     hooks = GradSampleHooks(model, loss_reduction="mean")
     try:
         optimizer = DPOptimizer(
-            torch.optim.SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,
-                            weight_decay=plan.weight_decay),
+            # Ours, not torch.optim's (whose first use loads torch._dynamo): see edge_agent/sgd.py.
+            SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,  # type: ignore[arg-type]
+                weight_decay=plan.weight_decay),
             noise_multiplier=charge.noise_multiplier, max_grad_norm=max_grad_norm,
             expected_batch_size=max(1, round(shape.sample_rate * len(data))),
             generator=_secret_generator(device),
