@@ -130,6 +130,8 @@ class _Reader:
             key = self.value(depth + 1)
             if not isinstance(key, str):
                 raise ProtocolError(Reason.MALFORMED, f"map key of type {type(key).__name__}, expected str")
+            if key in out:  # readers differ on which copy wins: one signed message must mean one thing
+                raise ProtocolError(Reason.MALFORMED, f"map key {key[:64]!r} repeats")
             out[key] = self.value(depth + 1)
         return out
 

@@ -49,7 +49,8 @@ def decode_message(
     obj = decode(payload, limits)
     if not isinstance(obj, dict):
         raise ProtocolError(Reason.SCHEMA, f"top level is {type(obj).__name__}, expected a map")
-    if obj.get("v") != SCHEMA_VERSION:
+    version = obj.get("v")
+    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0: the integer itself
         raise ProtocolError(Reason.UNSUPPORTED_VERSION, f"schema version {obj.get('v')!r}, expected {SCHEMA_VERSION}")
     kind = obj.get("kind")
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None

@@ -232,6 +232,13 @@ def _rejects(v: Vectors, status: CoordinatorStatus, state: GlobalState, round_by
         v.add(f"reject/{name}", payload, topics[expect], True, why, None, expect=expect, reason=reason, **extra)
 
     reject("version_2", encode({**fields, "v": 2}), "unsupported_version", "v is 2; this schema is version 1.")
+    reject("version_true", encode({**fields, "v": True}), "unsupported_version",
+           "v is the boolean true: the version is the integer 1, nothing that compares equal to it.")
+    reject("version_float", encode({**fields, "v": 1.0}), "unsupported_version", "v is the float 1.0.")
+    items = list(fields.items())
+    repeated = encode(dict(items[:1]))[1:]  # the first key and value once more, after the others
+    reject("repeated_key", bytes([good[0] + 1]) + good[1:] + repeated, "malformed",
+           "The first key appears twice: readers disagree on which copy wins, so none is accepted.")
     reject("unknown_field", encode({**fields, "colour": "red"}), "schema", "A field the model does not declare.")
     reject("unknown_kind", encode({**fields, "kind": "gossip"}), "schema", "A kind no model has.")
     reject("string_for_int", encode({**fields, "round": "3"}), "schema", "round as a string: no coercion.")
