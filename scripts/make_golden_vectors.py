@@ -209,7 +209,7 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
     for index in range(count):
         chunk = Chunk(transfer_id=TRANSFER_ID, index=index, count=count, total_bytes=len(signed_state),
                       digest=digest_bytes(signed_state), data=signed_state[index * piece:(index + 1) * piece])
-        v.message(f"chunk_{index}", chunk, TOPICS.global_state(FAMILY, 2), True,
+        v.message(f"chunk_{index}", chunk, TOPICS.global_state_chunk(FAMILY, 2, index), True,
                   f"Piece {index} of global_state_signed.msgpack split at max_message_bytes "
                   f"{CHUNK_MAX_MESSAGE_BYTES} ({piece} data bytes a chunk).",
                   max_message_bytes=CHUNK_MAX_MESSAGE_BYTES, whole_file="global_state_signed.msgpack")
