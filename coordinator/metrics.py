@@ -121,6 +121,10 @@ class CoordinatorMetrics:
         self.update_raw_bytes = Counter("fl_update_raw_bytes_total",
                                         "Bytes the same updates' arrays take uncompressed: over the wire bytes, the "
                                         "compression ratio", registry=r)
+        self.state_raw_bytes = Counter("fl_global_state_raw_bytes_total",
+                                       "Bytes the published global states' arrays take at the coordinator's "
+                                       "precision: over fl_sent_bytes_total{kind=\"global_state\"}, their "
+                                       "compression ratio (2 with --state-compression fp16)", registry=r)
         self.updates_uncompressed = Counter("fl_updates_uncompressed_total",
                                             "Training deltas sent uncompressed in a run that compresses, by why: "
                                             "declined (the agent said why) or unexplained", ["why"], registry=r)

@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+import numpy as np
+
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.retained import RetainedStates
 from coordinator.strategies.base import FamilyState
 from protocol.chunking import split_payload
+from protocol.compression import raw_bytes
 from protocol.messages import CoordinatorStatus
 from protocol.signing import SigningKey
 from protocol.topics import Topics
@@ -51,6 +54,8 @@ class Publisher:
             in_use = self.topics.global_state_topics(family, state.round, len(pieces))
             for topic, piece in zip(in_use, pieces, strict=True):
                 sent += self.publish(topic, piece, "global_state", retain=True)
+            self.metrics.state_raw_bytes.inc(raw_bytes({**state.weights, **{f"control/{n}": a for n, a in state.control.items()},
+                                                        **_prototypes(state)}))
             for old_round, old_chunks in self.retained.published(family, state.round, state.digest, len(pieces)):
                 for topic in self.topics.global_state_topics(family, old_round, old_chunks):
                     if topic not in in_use:
@@ -61,3 +66,8 @@ class Publisher:
     def status(self, status: CoordinatorStatus) -> None:
         self.publish(self.topics.coordinator_status, self.sealed(encode_message(status)), "coordinator_status",
                      retain=True)
+
+
+def _prototypes(state: FamilyState) -> dict[str, np.ndarray]:
+    return {} if state.prototypes is None or state.prototype_counts is None else {
+        "prototypes": state.prototypes, "counts": state.prototype_counts}

@@ -239,13 +239,20 @@ class Fleet:
     def start(self) -> Fleet:
         """Enroll the agents, as an operator would; then the coordinator first, so its retained status
         and first round wait for agents as they come."""
+        self.start_coordinator()
+        self.start_agents()
+        return self
+
+    def start_coordinator(self) -> None:
+        """Enroll the agents and start the coordinator alone (``start_agents`` later)."""
         self.enroll()
         if self.coordinator_settings["task"] == self.task_card:
             self.write_task_card()
         self.coordinator.start()
+
+    def start_agents(self) -> None:
         for agent in self.agents.values():
             agent.start()
-        return self
 
     def enroll(self) -> None:
         """``coordinator enroll`` every agent: its key and the coordinator's land in its state dir

@@ -40,7 +40,7 @@ GARBAGE = 5
 # labelled by device or reason and appear with the first event, so here they stay empty (their
 # queries still have to run without error).
 QUIET_PANELS = {"Agent reconnects and restarts", "Agents out of DP budget by device class",
-                "Aggregation failures by reason"}
+                "Aggregation failures by reason", "Uncompressed updates"}
 
 
 def grafana_expr(expr: str, variables: dict[str, Any]) -> str:
@@ -53,6 +53,11 @@ def grafana_expr(expr: str, variables: dict[str, Any]) -> str:
 def has_data(series: list[dict[str, Any]]) -> bool:
     values = [v for s in series for v in (s.get("values") or [s["value"]])]
     return any(not math.isnan(float(v[1])) for v in values)
+
+
+def scrape_time(prometheus: PrometheusServer) -> float:
+    """When Prometheus last scraped the coordinator (the timestamp of its latest sample)."""
+    return float(prometheus.query(f'timestamp(fl_run_finished{{job="{JOB}"}})')[0]["value"][1])
 
 
 def send_garbage(url: str) -> None:
@@ -78,17 +83,30 @@ def test_dashboard_and_alerts_on_a_live_coordinator(tmp_path: Path, mosquitto: M
     with PrometheusServer(tmp_path / "prometheus", {JOB: [f"127.0.0.1:{http_port}"]}, rule_files=[ALERTS],
                           interval_s=SCRAPE_S) as prometheus:
         start = time.time()
-        with fleet:
+        fleet.start_coordinator()
+        try:
+            # Agents only once Prometheus holds a sample from before the first round: however fast the
+            # rounds then run, every counter and histogram is seen to rise.
             wait_until(lambda: bool(prometheus.query(f'fl_broker_connected{{job="{JOB}"}} == 1')), 120,
                        "Prometheus to scrape a connected coordinator")
+            fleet.start_agents()
             send_garbage(mosquitto.url)
             rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)  # the run to finish
             wait_until(lambda: bool(prometheus.query(f'fl_run_finished{{job="{JOB}"}} == 1')), 60,
                        "Prometheus to see the finished run")
-            time.sleep(4 * SCRAPE_S)  # a few more scrapes of the final values for the rate windows
-            end = time.time()
+            # The rounds may all fall between two scrapes (they take a second here): rate windows
+            # need a few scrapes of the final values, so wait for those scrapes, not for time.
+            finished_at = scrape_time(prometheus)
+            wait_until(lambda: scrape_time(prometheus) >= finished_at + 4 * SCRAPE_S, 60,
+                       "four more scrapes of the finished run")
+            for recorded in ("fl_round_duration_seconds_count", "fl_aggregation_duration_seconds_count"):
+                wait_until(lambda r=recorded: bool(prometheus.query(f'instance:{r}:rate5m{{job="{JOB}"}} > 0')), 60,
+                           f"the recording rules to see {recorded} rise")
+            end = time.time() + SCRAPE_S  # range queries step from start: one step past what was just seen
             check_dashboard(prometheus, start, end, rounds)
             check_alert_rules(prometheus)
+        finally:
+            fleet.stop()
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
 
 

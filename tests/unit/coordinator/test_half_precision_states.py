@@ -53,6 +53,10 @@ def test_states_go_out_in_half_precision_and_deltas_land_on_float32_masters(tmp_
     _, full_outbox, _, full_v2 = run_two_rounds(tmp_path / "full", "none")
     assert full_v2.weights["w"].dtype == np.float32
     half_bytes, full_bytes = len(payload(outbox, 2)), len(payload(full_outbox, 2))
+    raw = metrics.registry.get_sample_value("fl_global_state_raw_bytes_total")
+    sent = metrics.registry.get_sample_value("fl_sent_bytes_total", {"kind": "global_state"})
+    assert raw == 2 * 9 * 4  # versions 2 and 3, nine float32 entries each, at the coordinator's precision
+    assert sent == len(payload(outbox, 2)) + len(payload(outbox, 3))  # (clearing version 2 sent 0 bytes)
     assert half_bytes <= full_bytes - 2 * 9  # 9 entries, 2 bytes fewer each (shorter framing may save more)
 
 
