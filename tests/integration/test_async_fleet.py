@@ -60,11 +60,9 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     accepted = metric(samples, "fl_updates_total", outcome="accepted")
     assert accepted + sum(rejected.values()) == len(updates), (accepted, rejected, len(updates))
     assert rejected["duplicate"] == rejected["deferred_overflow"] == 0, rejected
-    # Version 1 bootstraps from the weights its buffer admitted (two, or fewer when it closed at the
-    # deadline on a slow machine); a later agent's weights have no delta base, and only those are stale_base.
+    # Version 1 bootstraps from the first two agents' weights; a later agent's weights have no delta base.
     bootstraps = sum(1 for u in train if u.weights)
-    assert 1 <= rounds[0]["answered"] <= 2, rounds[0]
-    assert rejected["stale_base"] <= bootstraps - rounds[0]["answered"], (rejected, bootstraps, rounds[0])
+    assert rejected["stale_base"] <= bootstraps - 2, (rejected, bootstraps)
     assert rejected["wrong_round"] == 0, rejected
     evaluated = sum(1 for u in updates if u.task == "evaluate")
     assert metric(samples, "fl_update_staleness_versions_count") == accepted - evaluated
