@@ -14,6 +14,7 @@ import threading
 import typer
 
 from edge_agent.config import AgentSettings
+from edge_agent.resident import give_back_library_pages
 from protocol.cli_options import settings_command, version_option
 
 # Plain click layout, not rich's table: with some 50 flags, rich's fixed option column left the help
@@ -30,14 +31,24 @@ def _root(version: bool = version_option("edge-agent")) -> None:
 def run(settings: AgentSettings) -> int:
     """Join the federation and train on local data until stopped."""
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Each phase of start-up leaves library code resident that the agent will not run again; giving it
+    # back after each one (settings, then torch and the agent's code, then the build) keeps the peak
+    # near one phase's pages, not their sum (edge_agent/resident.py).
+    trim = settings.give_back_library_pages
+    if trim:
+        give_back_library_pages("after the settings")
     # Imported here so that --help and configuration errors answer without loading torch.
     from edge_agent.bootstrap import build_agent
 
+    if trim:
+        give_back_library_pages("after importing torch")
     try:
         agent = build_agent(settings)
-    except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, alie alone
+    except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, alike
         typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
+    if trim:
+        give_back_library_pages("after building the agent")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
