@@ -34,20 +34,20 @@ def run(settings: AgentSettings) -> int:
     # Each phase of start-up leaves library code resident that the agent will not run again; giving it
     # back after each one (settings, then torch and the agent's code, then the build) keeps the peak
     # near one phase's pages, not their sum (edge_agent/resident.py).
-    trim = settings.give_back_library_pages
-    if trim:
+    give_back = settings.give_back_library_pages
+    if give_back:
         give_back_library_pages("after the settings")
     # Imported here so that --help and configuration errors answer without loading torch.
     from edge_agent.bootstrap import build_agent
 
-    if trim:
+    if give_back:
         give_back_library_pages("after importing torch")
     try:
         agent = build_agent(settings)
     except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, alike
         typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
-    if trim:
+    if give_back:
         give_back_library_pages("after building the agent")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

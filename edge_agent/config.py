@@ -96,9 +96,11 @@ class AgentSettings(BaseSettings):
         default=None, gt=0.0, description="Gaussian mechanism on FedProto prototypes; unset refuses them under dp")
     dp_prototype_clip: float = Field(default=1.0, gt=0.0, description="embedding norm clip for prototypes")
 
+    # memory: see edge_agent/resident.py
     give_back_library_pages: bool = Field(default=True, description=(
         "at start-up, unmap the clean code pages torch and other libraries left resident (Linux; "
         "they come back from the page cache when used): a lower resident set, see edge_agent/resident.py"))
+
     max_message_bytes: int = Field(default=0, ge=0, description="split updates above this size; 0 never")
     coordinator_key: str | None = Field(default=None, description=(
         "the coordinator's public key (ed25519:<base64>, or a file holding it): act only on what it signed"))
