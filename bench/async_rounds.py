@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.config import CoordinatorSettings
-from coordinator.engine import RoundEngine
-from coordinator.rounds import RoundSummary
+from coordinator.round.engine import RoundEngine
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.rounds import RoundSummary
 from edge_agent.config import AgentSettings
 from edge_agent.tasks.registry import resolve_task
 from edge_agent.tasks.splits import pool_and_test

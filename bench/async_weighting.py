@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from coordinator.config import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from edge_agent.config import AgentSettings
 from edge_agent.tasks.registry import resolve_task
 from edge_agent.tasks.splits import pool_and_test

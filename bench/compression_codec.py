@@ -3,7 +3,7 @@
     python bench/compression_codec.py               # 1M entries, 5 repetitions
     python bench/compression_codec.py --n 10000000 --repeats 3
 
-encode: pack (protocol/compression.py) plus the msgpack encoding of the packed array; decode:
+encode: pack (protocol/compression/packing.py) plus the msgpack encoding of the packed array; decode:
 msgpack decoding, PackedArray validation and unpacking to a dense float32 array. ``none`` is the
 plain array through the codec (decoding is a zero-copy view). bytes: the encoded size. Times are
 medians (time.perf_counter); nothing is asserted about them: machines differ.

@@ -34,7 +34,6 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
 from protocol.arrays import layout_of
-from protocol.chunking import Reassembler, receive
 from protocol.errors import ProtocolError
 from protocol.limits import DEFAULT_LIMITS, DecodeLimits
 from protocol.messages import (
@@ -46,10 +45,11 @@ from protocol.messages import (
     TrainMetrics,
     Update,
 )
-from protocol.mqtt import BrokerAddress
+from protocol.security.trust import OPEN, decode_trusted
 from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
-from protocol.trust import OPEN, decode_trusted
+from protocol.transport.chunking import Reassembler, receive
+from protocol.transport.mqtt import BrokerAddress
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
 

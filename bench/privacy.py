@@ -44,7 +44,7 @@ import torch.nn.functional as F
 from opacus import PrivacyEngine
 from torch.utils.data import DataLoader, TensorDataset
 
-from coordinator.config import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from edge_agent.config import AgentSettings
 from edge_agent.data.datasets import Dataset
 from edge_agent.data.partition import make_partition

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from coordinator.config import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from edge_agent.attacks import DEFAULT_SCALE, DEFAULT_Z, InProcessCollusion
 from edge_agent.config import AgentSettings
 from edge_agent.data.datasets import Dataset

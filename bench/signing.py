@@ -25,9 +25,9 @@ from timing import median_seconds
 from launcher.broker import MosquittoBroker
 from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import Signed, Update
-from protocol.mqtt import BrokerAddress, MqttLink
-from protocol.signing import SigningKey, single_key
-from protocol.trust import Trust, decode_trusted
+from protocol.security.signing import SigningKey, single_key
+from protocol.security.trust import Trust, decode_trusted
+from protocol.transport.mqtt import BrokerAddress, MqttLink
 from protocol.wire import decode_message, encode_message
 
 GOAL = 0.5  # verify / transport: signatures add at most half to a round's time per update

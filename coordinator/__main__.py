@@ -1,3 +1,3 @@
-from coordinator.cli import main
+from coordinator.app.cli import main
 
 main()

@@ -46,14 +46,14 @@ from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, DelayModel
 from edge_agent.training_thread import TrainingOutcome, TrainingThread, train_round
 from edge_agent.worker import LocalWorker
-from protocol.chunking import Reassembler, receive, split_payload
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, PrivacySpent, RoundAnnouncement, Update
-from protocol.mqtt import Backoff, BrokerAddress, MqttLink, Will
-from protocol.signing import PublicKey, SigningKey, single_key
+from protocol.security.signing import PublicKey, SigningKey, single_key
+from protocol.security.trust import OPEN, Trust, decode_trusted
 from protocol.topics import Topics
-from protocol.trust import OPEN, Trust, decode_trusted
+from protocol.transport.chunking import Reassembler, receive, split_payload
+from protocol.transport.mqtt import Backoff, BrokerAddress, MqttLink, Will
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import encode_message
 

@@ -18,8 +18,8 @@ from edge_agent.tasks.base import Task
 from edge_agent.tasks.checks import check_model
 from edge_agent.tasks.registry import resolve_task
 from edge_agent.worker import LocalWorker
-from protocol.mqtt import Backoff
-from protocol.signing import SigningKey
+from protocol.transport.mqtt import Backoff
+from service_kit.keys import load_or_create_signing_key
 
 if TYPE_CHECKING:
     from edge_agent.privacy.trainer import PrivateTrainer
@@ -70,7 +70,7 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
                      heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
                      exit_when_finished=settings.exit_when_finished, straggler=straggler,
                      backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s),
-                     signing_key=SigningKey.load_or_create(settings.signing_key_path),
+                     signing_key=load_or_create_signing_key(settings.signing_key_path),
                      coordinator_key=settings.pinned_coordinator_key())
 
 

@@ -15,7 +15,7 @@ import typer
 
 from edge_agent.config import AgentSettings
 from edge_agent.resident import give_back_library_pages
-from protocol.cli_options import settings_command, version_option
+from service_kit.cli_options import settings_command, version_option
 
 # Plain click layout, not rich's table: with some 50 flags, rich's fixed option column left the help
 # a sliver of an 80-column terminal and cut values off; plain text wraps and greps.

@@ -19,7 +19,7 @@ import numpy as np
 from edge_agent.state import AgentStateDir
 from protocol.arrays import layout_of
 from protocol.compression import CompressionSpec, pack_arrays, split_compressible
-from protocol.error_feedback import ErrorFeedback
+from protocol.compression.error_feedback import ErrorFeedback
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from edge_agent.stragglers import DelayModel, parse_delay
-from protocol.mqtt import BrokerAddress, tls_file_setting
-from protocol.signing import PublicKey
+from protocol.security.signing import PublicKey
 from protocol.topics import check_identifier
+from protocol.transport.mqtt import BrokerAddress, tls_file_setting
 
 USABLE_COMPRESSORS = ("fp16", "int8", "topk")
 

@@ -22,7 +22,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from coordinator.rounds import RoundSummary
+from coordinator.state.rounds import RoundSummary
 from edge_agent.stragglers import parse_delay
 from launcher import report
 from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoBroker

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from coordinator.checkpoint import CheckpointStore
+from coordinator.state.checkpoint import CheckpointStore
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from coordinator.config import CoordinatorSettings
-from coordinator.engine import RoundEngine
-from coordinator.enrollment import enroll
-from coordinator.rounds import RoundSummary
-from coordinator.service import CoordinatorService
+from coordinator.app.service import CoordinatorService
+from coordinator.fleet.enrollment import enroll
+from coordinator.round.engine import RoundEngine
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.rounds import RoundSummary
 from coordinator.strategies.base import Strategy
 from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion
@@ -26,7 +26,7 @@ from edge_agent.bootstrap import build_agent
 from edge_agent.config import AgentSettings
 from edge_agent.state import AgentStateDir
 from edge_agent.tasks.registry import resolve_task
-from protocol.signing import SigningKey
+from service_kit.keys import load_or_create_signing_key
 
 
 @dataclass
@@ -88,11 +88,11 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
 def enroll_all(coordinator: CoordinatorSettings, agents: list[AgentSettings]) -> list[AgentSettings]:
     """Enroll every agent with the coordinator, as ``coordinator enroll`` does; the agents' settings
     then pin the coordinator's key."""
-    coordinator_key = SigningKey.load_or_create(coordinator.signing_key_path).public_key
+    coordinator_key = load_or_create_signing_key(coordinator.signing_key_path).public_key
     enrolled = []
     for settings in agents:
         agent_id = settings.agent_id or AgentStateDir(settings.state_dir).agent_id(settings.device)
-        key = SigningKey.load_or_create(settings.signing_key_path).public_key
+        key = load_or_create_signing_key(settings.signing_key_path).public_key
         enroll(coordinator.enrollment_path, agent_id, key)
         enrolled.append(settings.model_copy(update={"agent_id": agent_id, "coordinator_key": coordinator_key.to_text()}))
     return enrolled

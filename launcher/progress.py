@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.rounds import RoundSummary
+from coordinator.state.rounds import RoundSummary
 
 OUTCOME_STYLE = {"completed": "green", "quorum_missed": "yellow", "failed": "red", "interrupted": "magenta"}
 

@@ -16,7 +16,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from coordinator.rounds import RoundSummary
+from coordinator.state.rounds import RoundSummary
 from launcher.evaluate import CentralEvaluation
 from launcher.fleet import FleetSpec
 from launcher.progress import OUTCOME_STYLE, fmt_accuracy, human_bytes

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from coordinator.config import CoordinatorSettings
-from coordinator.engine import RoundEngine
-from coordinator.rounds import RoundSummary
+from coordinator.round.engine import RoundEngine
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.rounds import RoundSummary
 from edge_agent.algorithms import RoundContext
 from edge_agent.algorithms.fedavg import FedAvgClient
 from edge_agent.algorithms.fedproto import personal_model_name

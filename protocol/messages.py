@@ -316,7 +316,7 @@ def _check_prototypes(prototypes: np.ndarray | None, counts: np.ndarray | None) 
 
 
 class Signed(Message):
-    """Another message's encoded bytes with its sender's Ed25519 signature (see protocol/signing.py).
+    """Another message's encoded bytes with its sender's Ed25519 signature (see protocol/security/signing.py).
 
     Who sent a message is what the signature proves, never its topic: the receiver looks the
     key up by ``key_id`` among the keys it trusts and verifies before it decodes ``payload``.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the chart's schema of `coordinator.config` from the coordinator's settings model.
+"""Writes the chart's schema of `coordinator.settings` from the coordinator's settings model.
 
 values.schema.json then refuses an unknown key (a typo) or an out-of-range value at
 `helm install`/`helm template`, naming it, instead of the pod failing at start-up. The
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coordinator.config import CoordinatorSettings
-from protocol.compression_spec import KINDS
+from coordinator.settings import CoordinatorSettings
+from protocol.compression.spec import KINDS
 from protocol.messages import IDENTIFIER_PATTERN
 
 SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "edgefl-coordinator" / "values.schema.json"
@@ -55,7 +55,7 @@ def _field(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_schema() -> dict[str, Any]:
-    """The schema of coordinator.config: every setting of `coordinator run`, nothing else."""
+    """The schema of coordinator.settings: every setting of `coordinator run`, nothing else."""
     model = CoordinatorSettings.model_json_schema()
     properties: dict[str, Any] = {}
     for name, schema in model["properties"].items():
@@ -74,7 +74,7 @@ def config_schema() -> dict[str, Any]:
 
 
 def with_config_schema(values_schema: dict[str, Any]) -> dict[str, Any]:
-    """values.schema.json with coordinator.config replaced by the generated fragment (key order kept)."""
+    """values.schema.json with coordinator.settings replaced by the generated fragment (key order kept)."""
     updated = json.loads(json.dumps(values_schema))
     updated["properties"]["coordinator"]["properties"]["config"] = config_schema()
     return updated
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
             return 1
         return 0
     SCHEMA.write_text(json.dumps(wanted, indent=2, ensure_ascii=False) + "\n")
-    print(f"wrote coordinator.config's schema ({len(wanted['properties']['coordinator']['properties']['config']['properties'])} settings) into {SCHEMA}")
+    print(f"wrote coordinator.settings's schema ({len(wanted['properties']['coordinator']['properties']['config']['properties'])} settings) into {SCHEMA}")
     return 0
 
 

@@ -29,7 +29,6 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol.arrays import layout_of
-from protocol.chunking import CHUNK_OVERHEAD_BYTES
 from protocol.codec import encode
 from protocol.compression import pack_arrays, unpack
 from protocol.digest import digest_bytes
@@ -46,9 +45,10 @@ from protocol.messages import (
     TrainMetrics,
     Update,
 )
-from protocol.signing import DOMAIN, SigningKey
+from protocol.security.signing import DOMAIN, SigningKey
 from protocol.tasks import layout_fingerprint
 from protocol.topics import Topics
+from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES
 from protocol.wire import encode_message
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "golden"

@@ -7,10 +7,10 @@ asynchronous aggregation, a new global version every ``buffer_size`` updates.
 
 from __future__ import annotations
 
-from coordinator.config import CoordinatorSettings
 from coordinator.policies.base import Admission, AdmissionView, Defer, RoundPolicy
 from coordinator.policies.fedbuff import FedBuffPolicy
 from coordinator.policies.synchronous import SynchronousPolicy
+from coordinator.settings import CoordinatorSettings
 
 
 def build_policy(settings: CoordinatorSettings) -> RoundPolicy:

@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coordinator.rejects import RejectedUpdate, RejectReason
-from coordinator.rounds import OpenRound
+from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.state.rounds import OpenRound
 from protocol.messages import Update
 from protocol.topics import ParsedTopic
 

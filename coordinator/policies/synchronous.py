@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from coordinator.policies.base import Admission, AdmissionView, RoundPolicy, agent_checks, common_checks
-from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.reasons import RejectedUpdate, RejectReason
 from protocol.messages import Update
 from protocol.topics import ParsedTopic
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.config import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.base import Strategy
 from coordinator.strategies.fedavg import FedAvg
 from coordinator.strategies.fedproto import FedProto
@@ -11,7 +11,7 @@ from coordinator.strategies.scaffold import Scaffold
 
 
 def build_strategy(settings: CoordinatorSettings) -> Strategy:
-    from coordinator.aggregators import build_aggregator
+    from coordinator.aggregation.aggregator import build_aggregator
 
     aggregator = build_aggregator(settings)
     strategy: Strategy

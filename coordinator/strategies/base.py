@@ -11,9 +11,9 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from coordinator.aggregation import AggregationError, FailureReason, weighted_mean
-from coordinator.aggregators import AggregateFn, Aggregator
-from coordinator.rejects import RejectedUpdate, RejectReason
-from coordinator.strategies.folding import FOLD_RULES, RoundFolds, RoundRows
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator
+from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.strategies.accumulators import FOLD_RULES, RoundFolds, RoundRows
 from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.compression import half_precision
 from protocol.messages import Algorithm, GlobalState, Update

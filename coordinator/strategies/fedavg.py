@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from coordinator.aggregators import AggregateFn, Aggregator
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
 from protocol.messages import Update
 

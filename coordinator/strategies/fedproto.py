@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregators import AggregateFn, Aggregator
-from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator
+from coordinator.reasons import RejectedUpdate, RejectReason
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, check_base, majority_by
 from protocol.messages import Update
 

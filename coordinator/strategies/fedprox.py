@@ -6,7 +6,7 @@ the agents' local objective follows the coordinator's setting. With ``mu = 0`` i
 
 from __future__ import annotations
 
-from coordinator.aggregators import AggregateFn, Aggregator
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator
 from coordinator.strategies.fedavg import FedAvg
 
 

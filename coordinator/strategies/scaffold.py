@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregators import AggregateFn, Aggregator
-from coordinator.rejects import RejectedUpdate, RejectReason
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator
+from coordinator.reasons import RejectedUpdate, RejectReason
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
 from coordinator.strategies.fedavg import apply_delta
 from protocol.arrays import check_layout, layout_of

@@ -41,7 +41,7 @@ from protocol.messages import (
     TrainMetrics,
     Update,
 )
-from protocol.signing import SigningKey
+from protocol.security.signing import SigningKey
 from protocol.topics import Topics
 from protocol.wire import encode_message
 from tests.integration.test_tls_identity import pinned_acl

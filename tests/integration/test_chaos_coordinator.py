@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.checkpoint import CheckpointStore
-from coordinator.rounds_log import RoundsLog
+from coordinator.state.checkpoint import CheckpointStore
+from coordinator.state.rounds_log import RoundsLog
 from launcher.broker import MosquittoBroker
 from launcher.fleet import Fleet, default_fleet
 from tests.integration.chaos import CHEAP_DEVICES, WireView, round_figures, small_fleet, write_figures

@@ -16,9 +16,9 @@ import pytest
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
-from protocol.chunking import Reassembler
 from protocol.messages import Chunk, GlobalState, Update
 from protocol.topics import ParsedTopic, Topics
+from protocol.transport.chunking import Reassembler
 from protocol.wire import decode_message
 from tests.integration.wire import (
     WireRecorder,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.broker import MosquittoBroker
-from protocol.mqtt import BrokerAddress, MqttLink, Will
+from protocol.transport.mqtt import BrokerAddress, MqttLink, Will
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
-from protocol.mqtt import Backoff, BrokerAddress, MqttLink
 from protocol.topics import Topics
+from protocol.transport.mqtt import Backoff, BrokerAddress, MqttLink
 from tests.chart import REPO
 from tests.integration.wire import assert_agents_exit_cleanly, assert_all_completed, wait_for_rounds, wait_until
 from tests.tls import Issued, TestCA

@@ -21,19 +21,20 @@ import torch
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
-from coordinator.config import CoordinatorSettings
-from coordinator.enrollment import enroll
-from coordinator.service import CoordinatorService
+from coordinator.app.service import CoordinatorService
+from coordinator.fleet.enrollment import enroll
+from coordinator.settings import CoordinatorSettings
 from edge_agent.agent import EdgeAgent
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.worker import LocalWorker
 from launcher.broker import MosquittoBroker
 from protocol.messages import AgentStatus, GlobalState, PrivacySpent, RoundAnnouncement, Update
-from protocol.mqtt import Backoff, BrokerAddress
-from protocol.signing import SigningKey
+from protocol.security.signing import SigningKey
 from protocol.topics import Topics
+from protocol.transport.mqtt import Backoff, BrokerAddress
 from protocol.wire import encode_message
+from service_kit.keys import load_or_create_signing_key
 from tests.integration.wire import WireRecorder, decode_wire, read_rounds, wait_until
 from tests.unit.edge_agent.rounds import AGENT, TASK, announce, digits_subset
 
@@ -129,7 +130,7 @@ def test_a_round_longer_than_the_agent_timeout_is_not_a_dropout(tmp_path: Path, 
     agent_key = SigningKey.generate()  # enrolled as `coordinator enroll` would
     enroll(settings.enrollment_path, AGENT, agent_key.public_key)
     agent = make_agent(tmp_path, mosquitto, worker, exit_when_finished=True, signing_key=agent_key,
-                       coordinator_key=SigningKey.load_or_create(settings.signing_key_path).public_key)
+                       coordinator_key=load_or_create_signing_key(settings.signing_key_path).public_key)
     stop = threading.Event()
     coordinator_thread = start(service.run, stop, "coordinator")
     agent_thread = start(agent.run, stop, "agent")

@@ -16,13 +16,13 @@ import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.enrollment import read_enrollment
+from coordinator.fleet.enrollment import read_enrollment
 from launcher.fleet import Fleet
 from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import Message, Signed
-from protocol.mqtt import BrokerAddress
-from protocol.signing import KeyLookup, PublicKey, SigningKey, unseal
-from protocol.trust import OPEN, decode_trusted
+from protocol.security.signing import KeyLookup, PublicKey, SigningKey, unseal
+from protocol.security.trust import OPEN, decode_trusted
+from protocol.transport.mqtt import BrokerAddress
 from protocol.wire import decode_message
 
 M = TypeVar("M", bound=Message)

@@ -22,12 +22,12 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from typer.testing import CliRunner
 
-from coordinator import cli as coordinator_cli
-from coordinator.config import CoordinatorSettings
+from coordinator.app import cli as coordinator_cli
+from coordinator.settings import CoordinatorSettings
 from edge_agent import cli as agent_cli
 from edge_agent.config import AgentSettings
-from protocol.cli_options import settings_command
 from protocol.version import SCHEMA_VERSION
+from service_kit.cli_options import settings_command
 
 REPO = Path(__file__).resolve().parents[2]
 NARROW = {"COLUMNS": "80"}  # a common terminal: the help wraps, and nothing may be cut off
@@ -162,7 +162,7 @@ VERSION_PROBE = textwrap.dedent(
     """
     import contextlib, importlib, io, json, sys
 
-    HEAVY = ("torch", "opacus", "sklearn", "torchvision", "coordinator.service", "edge_agent.bootstrap")
+    HEAVY = ("torch", "opacus", "sklearn", "torchvision", "coordinator.app.service", "edge_agent.bootstrap")
     results = []
     for module, program, args in json.loads(sys.argv[1]):
         sys.argv = [program, *args]
@@ -181,9 +181,9 @@ VERSION_PROBE = textwrap.dedent(
 
 def test_version_and_help_answer_without_heavy_imports() -> None:
     """``--version`` (and every ``--help``) in a fresh interpreter: exit 0, and nothing heavy imported."""
-    calls = [("coordinator.cli", "coordinator", ["--version"]), ("edge_agent.cli", "edge-agent", ["--version"]),
-             ("coordinator.cli", "coordinator", ["run", "--help"]),
-             ("coordinator.cli", "coordinator", ["enroll", "--help"]),
+    calls = [("coordinator.app.cli", "coordinator", ["--version"]), ("edge_agent.cli", "edge-agent", ["--version"]),
+             ("coordinator.app.cli", "coordinator", ["run", "--help"]),
+             ("coordinator.app.cli", "coordinator", ["enroll", "--help"]),
              ("edge_agent.cli", "edge-agent", ["run", "--help"]), ("edge_agent.cli", "edge-agent", ["tasks", "--help"])]
     result = subprocess.run([sys.executable, "-c", VERSION_PROBE, json.dumps(calls)], cwd=REPO, capture_output=True,
                             text=True, timeout=120, check=False)

@@ -17,11 +17,11 @@ from coordinator.aggregation import (
     trimmed_mean,
     weighted_mean,
 )
-from coordinator.aggregators import Aggregator, build_aggregator
-from coordinator.config import CoordinatorSettings
+from coordinator.aggregation.aggregator import Aggregator, build_aggregator
+from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.fedavg import FedAvg
 from protocol.messages import TrainMetrics, Update
-from protocol.settings import ConfigError, load_settings
+from service_kit.settings import ConfigError, load_settings
 from tests.task_refs import DIGITS
 
 

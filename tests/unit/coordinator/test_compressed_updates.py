@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from coordinator.config import CoordinatorSettings
+from coordinator.settings import CoordinatorSettings
 from protocol.compression import CompressionSpec, pack_arrays
 from protocol.messages import GlobalState, RoundAnnouncement
 from protocol.wire import decode_message

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from coordinator.checkpoint import CheckpointStore
-from coordinator.config import CoordinatorSettings
-from coordinator.engine import RoundEngine
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.rounds import RoundSummary
+from coordinator.round.engine import RoundEngine
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.checkpoint import CheckpointStore
+from coordinator.state.rounds import RoundSummary
 from coordinator.strategies import build_strategy
+from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.topics import Topics
 from protocol.version import SOFTWARE_VERSION

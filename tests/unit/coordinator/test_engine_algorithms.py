@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.engine import RoundEngine
+from coordinator.round.engine import RoundEngine
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.tasks import BUILTIN_CARDS
 from protocol.wire import decode_message, encode_message

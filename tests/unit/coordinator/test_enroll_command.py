@@ -8,9 +8,9 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 from typer.testing import CliRunner
 
-from coordinator.cli import app
-from coordinator.enrollment import read_enrollment
-from protocol.signing import PublicKey, SigningKey
+from coordinator.app.cli import app
+from coordinator.fleet.enrollment import read_enrollment
+from protocol.security.signing import PublicKey, SigningKey
 from tests.tls import TestCA
 
 

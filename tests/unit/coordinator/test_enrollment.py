@@ -6,10 +6,10 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.enrollment import enroll
-from coordinator.rounds import RoundSummary
+from coordinator.fleet.enrollment import enroll
+from coordinator.state.rounds import RoundSummary
 from protocol.messages import AgentStatus
-from protocol.signing import SigningKey
+from protocol.security.signing import SigningKey
 from protocol.wire import encode_message
 from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, make_engine, update, weights

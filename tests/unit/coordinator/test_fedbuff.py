@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from coordinator.config import CoordinatorSettings
 from coordinator.policies.fedbuff import FedBuffPolicy
+from coordinator.settings import CoordinatorSettings
 from protocol.messages import GlobalState, RoundAnnouncement
 from protocol.wire import decode_message
 from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, send, update, weights

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator.aggregation import weighted_mean
-from coordinator.rejects import RejectedUpdate
+from coordinator.reasons import RejectedUpdate
 from coordinator.strategies import FedProto
 from coordinator.strategies.fedproto import aggregate_prototypes, report_drift
 from protocol.messages import TrainMetrics, Update

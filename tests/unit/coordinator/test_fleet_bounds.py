@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.registry import AgentRegistry, RegistryFull
-from coordinator.selection import plan_selection
+from coordinator.fleet.agents import AgentRegistry, RegistryFull
+from coordinator.fleet.selection import plan_selection
 from protocol.messages import MAX_AGENTS_PER_ROUND, AgentStatus, RoundAnnouncement
 from protocol.wire import decode_message
 from tests.task_refs import DIGITS

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from coordinator.heterogeneity import MAX_AGENT_SAMPLES, MAX_DEVICE_LABELS, HeterogeneityMetrics, LabelSkew
+from coordinator.telemetry.heterogeneity import MAX_AGENT_SAMPLES, MAX_DEVICE_LABELS, HeterogeneityMetrics, LabelSkew
 from protocol.messages import AgentStatus, TaskRef
 
 
@@ -207,7 +207,7 @@ def test_summary_of_identical_agents_has_no_skew() -> None:
 
 
 def test_summary_chunks_agree_with_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    import coordinator.heterogeneity as heterogeneity
+    import coordinator.telemetry.heterogeneity as heterogeneity
 
     rng = np.random.default_rng(0)
     skew = LabelSkew()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from coordinator.inbox import BoundedInbox
+from coordinator.app.inbox import BoundedInbox
 
 
 def test_a_full_inbox_holds_the_producer_until_the_loop_takes_items() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.metrics import ROUND_OUTCOMES, RUNTIME_PREFIXES, CoordinatorMetrics
+from coordinator.telemetry.metrics import ROUND_OUTCOMES, RUNTIME_PREFIXES, CoordinatorMetrics
 from protocol.version import SOFTWARE_VERSION
 from tests.unit.coordinator.test_engine import Clock, hello, make_engine, send, update
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.metrics import CoordinatorMetrics
+from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, PrivacySpent, RoundAnnouncement
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from coordinator.config import CoordinatorSettings
-from coordinator.engine import RoundEngine
-from coordinator.metrics import CoordinatorMetrics
-from coordinator.service import CoordinatorService
+from coordinator.app.service import CoordinatorService
+from coordinator.round.engine import RoundEngine
+from coordinator.settings import CoordinatorSettings
+from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, CoordinatorStatus, PrivacySpent, RoundAnnouncement
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS

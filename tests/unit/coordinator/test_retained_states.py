@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coordinator.checkpoint import CheckpointStore
-from coordinator.retained import RetainedStates
+from coordinator.state.checkpoint import CheckpointStore
+from coordinator.state.retained import RetainedStates
 from protocol.topics import Topics
 
 TOPICS = Topics("t")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from coordinator.aggregation import weighted_mean
-from coordinator.config import CoordinatorSettings
-from coordinator.rejects import RejectedUpdate
+from coordinator.reasons import RejectedUpdate
+from coordinator.settings import CoordinatorSettings
 from coordinator.strategies import FedProx, Scaffold, build_strategy
 from protocol.messages import TrainMetrics, Update
 from tests.task_refs import DIGITS

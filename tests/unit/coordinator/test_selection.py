@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.selection import plan_selection, select_agents
+from coordinator.fleet.selection import plan_selection, select_agents
 
 FAST = settings(deadline=None, max_examples=80)
 

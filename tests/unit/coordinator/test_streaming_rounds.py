@@ -21,9 +21,9 @@ from coordinator.aggregation import (
     trimmed_mean,
     weighted_mean,
 )
-from coordinator.aggregation.fold import RunningMean, combine_means
+from coordinator.aggregation.aggregator import Aggregator
 from coordinator.aggregation.rows import RowMatrix
-from coordinator.aggregators import Aggregator
+from coordinator.aggregation.running_mean import RunningMean, combine_means
 from coordinator.strategies import FedAvg, Scaffold
 from coordinator.strategies.base import Strategy
 from protocol.messages import TrainMetrics, Update

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from coordinator.config import CoordinatorSettings
-from coordinator.rejects import RejectedUpdate
-from coordinator.task_agreement import TaskAgreement, fingerprint_of
+from coordinator.admission.task_agreement import TaskAgreement, fingerprint_of
+from coordinator.reasons import RejectedUpdate
+from coordinator.settings import CoordinatorSettings
 from protocol.messages import AgentStatus, LocalTraining, RoundAnnouncement, TaskRef, TrainMetrics, Update
 from protocol.tasks import BUILTIN_CARDS, TaskCard
 

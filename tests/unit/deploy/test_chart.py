@@ -18,8 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from coordinator.config import CoordinatorSettings
-from protocol.settings import load_settings
+from coordinator.settings import CoordinatorSettings
+from service_kit.settings import load_settings
 from tests.chart import (
     CHART,
     FIRST_INSTALL_PASSWORD,

@@ -1,7 +1,7 @@
 """The chart as a subchart and under GitOps, its checked values, and its optional pod plumbing.
 
 Covers: `global` from a parent chart, byte-identical `helm template` output, the password a first
-install must give, coordinator.config checked against the coordinator's own settings model,
+install must give, coordinator.settings checked against the coordinator's own settings model,
 imagePullSecrets on every pod, the NetworkPolicies, extra volumes and envFrom, and NOTES.
 """
 
@@ -18,8 +18,8 @@ import helm_python as helm
 import pytest
 import yaml
 
-from coordinator.config import CoordinatorSettings
-from protocol.settings import load_settings
+from coordinator.settings import CoordinatorSettings
+from service_kit.settings import load_settings
 from tests.chart import CHART, FULLNAME, NAMESPACE, RELEASE, REPO, Rendered, container, manifests, render, values_of
 
 BROKER = f"{FULLNAME}-mosquitto"
@@ -101,7 +101,7 @@ def test_the_given_password_changes_the_pods_checksum() -> None:
     assert all(a != b for a, b in zip(checksums("one"), checksums("two"), strict=True))
 
 
-# --- coordinator.config against the coordinator's settings ------------------------------------
+# --- coordinator.settings against the coordinator's settings ------------------------------------
 
 
 def test_the_schema_of_coordinator_config_matches_the_settings_model() -> None:

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from coordinator.heterogeneity import HeterogeneityMetrics, LabelSkew
-from coordinator.metrics import CoordinatorMetrics
+from coordinator.telemetry.heterogeneity import HeterogeneityMetrics, LabelSkew
+from coordinator.telemetry.metrics import CoordinatorMetrics
 from tests.chart import REPO
 
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))

@@ -27,12 +27,12 @@ import yaml
 from pydantic_settings import BaseSettings
 from typer.testing import CliRunner
 
-from coordinator.cli import app as coordinator_app
-from coordinator.config import CoordinatorSettings
+from coordinator.app.cli import app as coordinator_app
+from coordinator.settings import CoordinatorSettings
 from edge_agent.cli import app as agent_app
 from edge_agent.config import AgentSettings
-from protocol.settings import load_settings
-from protocol.signing import SigningKey
+from protocol.security.signing import SigningKey
+from service_kit.settings import load_settings
 from tests.chart import REPO
 
 DEPLOY = REPO / "deploy"

@@ -92,14 +92,14 @@ RUNNER = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, OnlyTheImage())
-    for package in ("protocol", "coordinator"):
+    for package in ("protocol", "service_kit", "coordinator"):
         for info in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
             if not info.name.endswith("__main__"):
                 importlib.import_module(info.name)
 
     from prometheus_client import CollectorRegistry
-    from coordinator.config import CoordinatorSettings
-    from coordinator.service import CoordinatorService
+    from coordinator.settings import CoordinatorSettings
+    from coordinator.app.service import CoordinatorService
 
     with tempfile.TemporaryDirectory() as state:
         service = CoordinatorService(CoordinatorSettings(http_host="127.0.0.1", http_port=0, state_dir=Path(state)),
@@ -120,7 +120,7 @@ def test_coordinator_runs_with_only_the_image_packages() -> None:
     """Every installed distribution outside the pinned set is unimportable, torch included."""
     closure = core_closure()
     owners = metadata.packages_distributions()
-    allowed = {"protocol", "coordinator"} | {m for m, dists in owners.items() if {normalize(d) for d in dists} & closure}
+    allowed = {"protocol", "service_kit", "coordinator"} | {m for m, dists in owners.items() if {normalize(d) for d in dists} & closure}
     blocked = {m for m in owners if m not in allowed} | {"edge_agent", "launcher", "tests", "bench"}
     assert {"torch", "opacus", "sklearn", "amqtt"} <= blocked
     result = subprocess.run([sys.executable, "-c", RUNNER, ",".join(sorted(allowed)), ",".join(sorted(blocked))],

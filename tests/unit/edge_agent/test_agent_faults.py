@@ -15,9 +15,9 @@ from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, PROFILE_DELAYS, DelayModel, parse_delay
 from protocol.messages import CoordinatorStatus, GlobalState, LocalTraining, RoundAnnouncement, TrainMetrics, Update
-from protocol.mqtt import BrokerAddress
 from protocol.tasks import BUILTIN_CARDS
 from protocol.topics import Topics
+from protocol.transport.mqtt import BrokerAddress
 from protocol.wire import encode_message
 from tests.task_refs import DIGITS, layout
 

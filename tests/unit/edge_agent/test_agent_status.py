@@ -18,7 +18,7 @@ from edge_agent.state import AgentStateDir
 from edge_agent.tasks import Task
 from edge_agent.worker import LocalWorker
 from protocol.messages import AgentStatus
-from protocol.mqtt import BrokerAddress
+from protocol.transport.mqtt import BrokerAddress
 from protocol.wire import decode_message, encode_message
 from tests.unit.edge_agent.rounds import digits_subset, make_worker
 

@@ -32,7 +32,7 @@ from edge_agent.weights import get_arrays
 from edge_agent.worker import LocalWorker
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, LocalTraining, RoundAnnouncement, StateRef
-from protocol.settings import ConfigError, load_settings
+from service_kit.settings import ConfigError, load_settings
 from tests.task_refs import family_layouts
 
 TASK = resolve_task("digits")

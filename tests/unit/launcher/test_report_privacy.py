@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from coordinator.rounds import RoundSummary
+from coordinator.state.rounds import RoundSummary
 from launcher import report
 
 

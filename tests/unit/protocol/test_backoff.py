@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from protocol.mqtt import Backoff
+from protocol.transport.mqtt import Backoff
 
 
 def test_delays_are_jittered_below_a_doubling_ceiling_up_to_the_cap() -> None:

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.chunking import CHUNK_OVERHEAD_BYTES, Reassembler, split_payload
 from protocol.digest import digest_bytes
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import Chunk
+from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES, Reassembler, split_payload
 from protocol.wire import decode_message
 
 FAST = settings(deadline=None, max_examples=50)

@@ -1,4 +1,4 @@
-"""Codecs for compressed updates (protocol/compression.py): spec parsing, round trips, int8
+"""Codecs for compressed updates (protocol/compression/packing.py): spec parsing, round trips, int8
 unbiasedness and error bound, top-k selection, error feedback. Deterministic seeds throughout."""
 
 from __future__ import annotations

@@ -22,15 +22,15 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from protocol.chunking import Reassembler, receive, split_payload
 from protocol.codec import decode
 from protocol.compression import unpack_arrays
 from protocol.errors import ProtocolError
 from protocol.limits import DEFAULT_LIMITS
 from protocol.messages import MESSAGE_TYPES, Chunk, GlobalState, Signed, Update
-from protocol.signing import DOMAIN, PublicKey, single_key
+from protocol.security.signing import DOMAIN, PublicKey, single_key
+from protocol.security.trust import OPEN, Trust, decode_trusted
 from protocol.topics import Topics
-from protocol.trust import OPEN, Trust, decode_trusted
+from protocol.transport.chunking import Reassembler, receive, split_payload
 from protocol.wire import decode_message, encode_message
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -207,7 +207,7 @@ def test_the_chunks_reassemble_into_the_signed_global_state() -> None:
     trust = Trust(single_key("coordinator", key), True)
     got = [receive(payload(n), "coordinator", GlobalState, again, DEFAULT_LIMITS, trust) for n in names]
     assert got[-1] is not None and encode_message(got[-1].message) == payload("global_state")
-    # The script splits exactly as protocol.chunking does, but with a fixed transfer id.
+    # The script splits exactly as protocol.transport.chunking does, but with a fixed transfer id.
     reference = [decode_message(p, Chunk) for p in split_payload(whole, sidecar(names[0])["max_message_bytes"])]
     assert [c.model_copy(update={"transfer_id": chunks[0].transfer_id}) for c in reference] == chunks
 

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from protocol.chunking import Reassembler, receive, split_payload
 from protocol.errors import ProtocolError
 from protocol.limits import DEFAULT_LIMITS
-from protocol.signing import PublicKey, SigningKey, single_key
-from protocol.trust import OPEN, Trust, decode_trusted
+from protocol.security.signing import PublicKey, SigningKey, single_key
+from protocol.security.trust import OPEN, Trust, decode_trusted
+from protocol.transport.chunking import Reassembler, receive, split_payload
 from protocol.wire import encode_message
+from service_kit.keys import load_or_create_signing_key
 from tests.unit.protocol.wire_strategies import assert_same_message, sample_update
 
 COORDINATOR = SigningKey.generate()
@@ -68,9 +69,9 @@ def test_chunks_carry_the_signed_envelope_whole() -> None:
 
 
 def test_keys_round_trip_through_files_and_text(tmp_path: Path) -> None:
-    key = SigningKey.load_or_create(tmp_path / "k.pem")
+    key = load_or_create_signing_key(tmp_path / "k.pem")
     assert (tmp_path / "k.pem").stat().st_mode & 0o777 == 0o600
-    assert SigningKey.load_or_create(tmp_path / "k.pem").public_key == key.public_key
+    assert load_or_create_signing_key(tmp_path / "k.pem").public_key == key.public_key
     (tmp_path / "k.pub").write_text(key.public_key.to_text() + "\n")
     assert PublicKey.load(tmp_path / "k.pub") == PublicKey.load(key.public_key.to_text()) == key.public_key
     with pytest.raises(ValueError, match="ed25519"):

@@ -10,12 +10,12 @@ import pytest
 from pydantic_settings import BaseSettings
 from typer.testing import CliRunner
 
-from coordinator.cli import app as coordinator_app
-from coordinator.config import CoordinatorSettings
+from coordinator.app.cli import app as coordinator_app
+from coordinator.settings import CoordinatorSettings
 from edge_agent.cli import app as agent_app
 from edge_agent.config import AgentSettings
-from protocol.mqtt import BrokerAddress, MqttLink
-from protocol.settings import ConfigError, load_settings
+from protocol.transport.mqtt import BrokerAddress, MqttLink
+from service_kit.settings import ConfigError, load_settings
 from tests.tls import Issued, TestCA
 
 SETTINGS = [CoordinatorSettings, AgentSettings]

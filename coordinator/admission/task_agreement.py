@@ -1,0 +1,98 @@
+"""Coordinator and agents agree on the task: its name and version, and each family's model layout.
+
+The coordinator imports no task code: it knows the task by its card, and a family's layout by
+fingerprint. A family's layout is pinned the first time a round names it, from its global state
+when it has one, else from what most of the eligible agents of that family report, and then
+stays for the run (it is part of the checkpoint). Agents of another task or layout are not
+selected, and their updates are never aggregated (``task_mismatch``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from coordinator.reasons import RejectedUpdate, RejectReason
+from protocol.arrays import layout_of
+from protocol.messages import AgentStatus, RoundAnnouncement, Update
+from protocol.tasks import TaskCard, layout_fingerprint
+
+log = logging.getLogger(__name__)
+
+
+def fingerprint_of(arrays: Mapping[str, np.ndarray]) -> str:
+    return layout_fingerprint(layout_of(arrays))
+
+
+class TaskAgreement:
+    def __init__(self, card: TaskCard) -> None:
+        self.card = card
+        self.layouts: dict[str, str] = {}
+        """Pinned layout fingerprint per family."""
+
+    def status_problem(self, status: AgentStatus) -> str | None:
+        """Why an agent with this status cannot take part, or None."""
+        if status.task_ref != self.card.ref:
+            return f"runs task {status.task_ref}, this run trains {self.card.ref}"
+        pinned = self.layouts.get(status.family)
+        if pinned is not None and status.layout != pinned:
+            return f"its {status.family} model has layout {status.layout}, the run's is {pinned}"
+        if status.problem is not None:
+            return f"it refuses rounds: {status.problem}"
+        return None
+
+    def pin(self, statuses: Iterable[AgentStatus], state_weights: Mapping[str, Mapping[str, np.ndarray]]) -> None:
+        """Pin the layout of every family that has a global state with weights, or agents reporting one."""
+        for family, weights in state_weights.items():
+            if weights and family not in self.layouts:
+                self._pinned(family, fingerprint_of(weights), "its global state")
+        votes: dict[str, Counter[str]] = {}
+        for status in statuses:
+            if status.task_ref == self.card.ref:
+                votes.setdefault(status.family, Counter())[status.layout] += 1
+        for family, counter in sorted(votes.items()):
+            if family not in self.layouts:
+                # The most reported layout; ties go to the smallest fingerprint, so every restart agrees.
+                layout = min(counter, key=lambda fp: (-counter[fp], fp))
+                self._pinned(family, layout, f"{counter[layout]} of {sum(counter.values())} agents")
+
+    def _pinned(self, family: str, layout: str, source: str) -> None:
+        self.layouts[family] = layout
+        log.info("task %s: family %s has layout %s (from %s)", self.card.ref, family, layout, source)
+
+    def check_update(self, update: Update, announcement: RoundAnnouncement) -> None:
+        """Raise TASK_MISMATCH for an update of another task, or whose payload has another layout."""
+        if update.task_ref != announcement.task_ref:
+            raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"task {update.task_ref}, the round's is "
+                                                             f"{announcement.task_ref}")
+        announced = announcement.layouts.get(update.family)
+        if announced is None:
+            raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"round {announcement.round} announced no layout for "
+                                                             f"family {update.family}")
+        arrays = update.weights or update.delta
+        if arrays and fingerprint_of(arrays) != announced:
+            raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"{'weights' if update.weights else 'delta'} of layout "
+                                                             f"{fingerprint_of(arrays)}, announced {announced}")
+        if update.prototypes is not None:
+            expected = (self.card.num_classes, self.card.embedding_dim)
+            if update.prototypes.shape != expected:
+                raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"prototypes are {list(update.prototypes.shape)}, "
+                                                                 f"task {self.card.ref} has {list(expected)}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.card.name, "version": self.card.version, "layouts": dict(self.layouts)}
+
+    def load_state_dict(self, saved: Mapping[str, Any], where: str) -> None:
+        """Resume the pinned layouts; ValueError if the checkpoint is another task's run."""
+        if (saved.get("name"), saved.get("version")) != (self.card.name, self.card.version):
+            raise ValueError(f"checkpoint in {where} is a run of task {saved.get('name')}@{saved.get('version')}, "
+                             f"not {self.card.ref}; use another state_dir to start a new run")
+        layouts = saved.get("layouts")
+        if not isinstance(layouts, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) and len(v) == 32 for k, v in layouts.items()):
+            raise ValueError(f"checkpoint in {where}: task layouts must map family names to fingerprints")
+        self.layouts = dict(layouts)

@@ -1,0 +1,129 @@
+"""The coordinator process: the MQTT link, the engine's loop, and the HTTP endpoints."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from coordinator.app.http_server import HealthServer
+from coordinator.app.inbox import BoundedInbox
+from coordinator.round.engine import RoundEngine
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.checkpoint import CheckpointStore
+from coordinator.state.rounds import RoundSummary
+from coordinator.state.rounds_log import RoundsLog
+from coordinator.strategies import build_strategy
+from coordinator.telemetry.metrics import CoordinatorMetrics
+from protocol.transport.mqtt import Backoff, Connection, MqttLink, Will
+from service_kit.keys import load_or_create_signing_key
+
+log = logging.getLogger(__name__)
+
+STALL_S = 30.0
+DRAIN_MAX = 1000
+"""Messages handled between two ticks at most."""
+INBOX_BYTES = 64 * 1024 * 1024
+"""Payload bytes received but not yet handled; past this the network thread waits (see inbox.py)."""
+
+
+class CoordinatorService:
+    def __init__(self, settings: CoordinatorSettings, registry: CollectorRegistry | None = None) -> None:
+        self.settings = settings
+        self.rounds_log = RoundsLog(Path(settings.state_dir) / "rounds.jsonl")
+        self.metrics = CoordinatorMetrics(registry)
+        # One thread aggregates and checkpoints while the loop keeps serving messages and health checks.
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregate")
+        self.engine = RoundEngine(
+            settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
+            on_round_closed=self._round_closed, on_resumed=self._resumed, background=self._background,
+            signing_key=load_or_create_signing_key(settings.signing_key_path),
+        )
+        self._inbox = BoundedInbox(INBOX_BYTES)
+        self._link: MqttLink | None = None
+        self._restored = False
+        self._last_loop = time.monotonic()
+        self.http = HealthServer(settings.http_host, settings.http_port, self.metrics.registry,
+                                 self._healthy, self._ready)
+
+    # Outbox for the engine
+    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None:
+        assert self._link is not None
+        self._link.publish(topic, payload, qos=1, retain=retain)
+
+    def run(self, stop: threading.Event) -> int:
+        self.engine.restore()
+        self._restored = True
+        self.http.start()
+        log.info("serving /metrics, /healthz, /readyz on %s:%d", self.settings.http_host, self.http.port)
+        topics = self.engine.topics
+        self._link = MqttLink(
+            self.settings.mqtt_client_id, self.settings.broker_address(),
+            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload), len(payload)),
+            subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1)],
+            will=Will(topics.coordinator_status, self.engine.offline_status()),
+            persistent_session=True,
+            backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),
+            on_connected=lambda connection: self._inbox.put(("connected", connection, None)),
+            on_disconnected=lambda: self._inbox.put(("disconnected", None, None)),
+        )
+        self._link.start()
+        try:
+            self._loop(stop)
+        finally:
+            if not self.engine.finished and self._link.connected:
+                self.publish(topics.coordinator_status, self.engine.offline_status(), retain=True)
+            self._inbox.close()
+            self._link.stop()
+            self.http.stop()
+            self._background.shutdown(wait=True)
+        return 0
+
+    def _loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self._last_loop = time.monotonic()
+            wait = self.engine.tick()
+            if self.engine.finished and self.settings.exit_when_finished:
+                return
+            item = self._inbox.get(timeout=wait)
+            handled = 0
+            while item is not None:  # drain what else arrived before ticking again (deadlines wait for no backlog)
+                self._dispatch(item)
+                handled += 1
+                item = self._inbox.get(timeout=0) if handled < DRAIN_MAX else None
+
+    def _dispatch(self, item: tuple[str, object, object]) -> None:
+        kind, first, second = item
+        if kind == "message":
+            self.engine.on_message(first, second)  # type: ignore[arg-type]
+        elif kind == "connected":
+            assert isinstance(first, Connection)
+            if first.reconnect:
+                self.metrics.reconnects.inc()
+                log.info("reconnected to the broker (session %s)", "kept" if first.session_present else "lost")
+            self.engine.on_connection(True, first.session_present)
+        elif kind == "disconnected":
+            if self.engine.connected:  # paho may report one loss twice
+                log.warning("lost the broker connection")
+            self.engine.on_connection(False)
+
+    def _round_closed(self, summary: RoundSummary) -> None:
+        self.rounds_log.append(summary)
+
+    def _resumed(self, last: RoundSummary | None) -> None:
+        self.rounds_log.reconcile(last)
+
+    def _healthy(self) -> tuple[bool, str]:
+        stalled = time.monotonic() - self._last_loop
+        return (stalled < STALL_S, f"loop last ran {stalled:.1f}s ago")
+
+    def _ready(self) -> tuple[bool, str]:
+        if not self._restored:
+            return False, "checkpoint not loaded"
+        if self._link is None or not self._link.connected:
+            return False, "broker not connected"
+        return True, "ready"

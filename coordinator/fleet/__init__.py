@@ -1,0 +1,1 @@
+"""Who is out there: the agent registry, enrollment, client certificates, selection, privacy budgets."""

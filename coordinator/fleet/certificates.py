@@ -1,0 +1,49 @@
+"""Client certificates for enrolled devices, issued by the operator's CA (``coordinator enroll --ca-cert``).
+
+A broker that authenticates devices by certificate (``require_certificate`` and
+``use_identity_as_username``, see docs/device-identity.md) trusts any certificate its CA
+signed, so enrolling a device this way needs no change to the broker: the certificate's
+common name is the agent id, which the broker's ACL then pins to its own topics.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from service_kit.durable import atomic_write_bytes
+
+
+def issue_client_certificate(ca_cert_file: Path, ca_key_file: Path, agent_id: str, folder: Path,
+                             days: int = 365) -> tuple[Path, Path]:
+    """Write ``client.crt`` (CN = ``agent_id``, client authentication only) and ``client.key`` into
+    ``folder``; returns their paths. The CA key must be an unencrypted PEM file."""
+    ca_cert = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
+    ca_key = serialization.load_pem_private_key(ca_key_file.read_bytes(), password=None)
+    if not isinstance(ca_key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
+        raise ValueError(f"{ca_key_file} holds a {type(ca_key).__name__}, not an EC, RSA or Ed25519 CA key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, agent_id)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, None if isinstance(ca_key, ed25519.Ed25519PrivateKey) else hashes.SHA256())
+    )
+    cert_file, key_file = folder / "client.crt", folder / "client.key"
+    atomic_write_bytes(key_file, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                   serialization.NoEncryption()))
+    key_file.chmod(0o600)
+    atomic_write_bytes(cert_file, cert.public_bytes(serialization.Encoding.PEM))
+    return cert_file, key_file

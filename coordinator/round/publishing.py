@@ -1,0 +1,73 @@
+"""Everything the coordinator publishes goes out here: signed, counted, chunked where it must be."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import numpy as np
+
+from coordinator.state.retained import RetainedStates
+from coordinator.strategies.base import FamilyState
+from coordinator.telemetry.metrics import CoordinatorMetrics
+from protocol.compression import raw_bytes
+from protocol.messages import CoordinatorStatus
+from protocol.security.signing import SigningKey
+from protocol.topics import Topics
+from protocol.transport.chunking import split_payload
+from protocol.wire import encode_message
+
+
+class Outbox(Protocol):
+    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None: ...
+
+
+class Publisher:
+    def __init__(self, outbox: Outbox, metrics: CoordinatorMetrics, topics: Topics, retained: RetainedStates,
+                 signing_key: SigningKey | None, max_message_bytes: int) -> None:
+        self.outbox = outbox
+        self.metrics = metrics
+        self.topics = topics
+        self.retained = retained
+        self.signing_key = signing_key
+        """Signs every status, announcement and global state (None: unsigned, engine unit tests)."""
+        self.max_message_bytes = max_message_bytes
+
+    def sealed(self, payload: bytes) -> bytes:
+        """``payload`` in a signed envelope (deterministic: the same payload seals to the same bytes)."""
+        return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
+
+    def publish(self, topic: str, payload: bytes, kind: str, *, retain: bool) -> int:
+        self.outbox.publish(topic, payload, retain=retain)
+        self.metrics.bytes_sent.labels(kind).inc(len(payload))
+        self.metrics.messages_sent.labels(kind).inc()
+        return len(payload)
+
+    def states(self, states: Mapping[str, FamilyState], run_id: str) -> int:
+        """Publish (retained) every family state not yet sent on this connection; clear superseded ones."""
+        sent = 0
+        for family, state in list(states.items()):
+            if not self.retained.needs_publishing(family, state.round, state.digest):
+                continue
+            payload = self.sealed(encode_message(state.message(run_id, family)))
+            pieces = split_payload(payload, self.max_message_bytes)
+            in_use = self.topics.global_state_topics(family, state.round, len(pieces))
+            for topic, piece in zip(in_use, pieces, strict=True):
+                sent += self.publish(topic, piece, "global_state", retain=True)
+            self.metrics.state_raw_bytes.inc(raw_bytes({**state.weights, **{f"control/{n}": a for n, a in state.control.items()},
+                                                        **_prototypes(state)}))
+            for old_round, old_chunks in self.retained.published(family, state.round, state.digest, len(pieces)):
+                for topic in self.topics.global_state_topics(family, old_round, old_chunks):
+                    if topic not in in_use:
+                        self.publish(topic, b"", "global_state", retain=True)
+        self.retained.save()
+        return sent
+
+    def status(self, status: CoordinatorStatus) -> None:
+        self.publish(self.topics.coordinator_status, self.sealed(encode_message(status)), "coordinator_status",
+                     retain=True)
+
+
+def _prototypes(state: FamilyState) -> dict[str, np.ndarray]:
+    return {} if state.prototypes is None or state.prototype_counts is None else {
+        "prototypes": state.prototypes, "counts": state.prototype_counts}

@@ -1,0 +1,239 @@
+"""Coordinator settings: defaults < YAML file < FL_COORDINATOR_* environment < CLI flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from protocol.compression import CompressionSpec
+from protocol.messages import MAX_AGENTS_PER_ROUND
+from protocol.tasks import TaskCard, load_task_card
+from protocol.topics import check_identifier
+from protocol.transport.mqtt import BrokerAddress, tls_file_setting
+
+AggregatorName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"]
+AlgorithmName = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
+
+DEFAULT_MOMENTUM = 0.9
+"""Local SGD momentum when none is set; SCAFFOLD's default is 0 (it corrects plain SGD steps)."""
+
+
+class CoordinatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FL_COORDINATOR_", extra="forbid", validate_default=True)
+
+    # where
+    federation: str = Field(default="default", description=(
+        "the federation's name: its topics live under fl/<federation>/, shared with its agents"))
+    broker_url: str = Field(default="mqtt://localhost:1883", description=(
+        "the MQTT broker: mqtt://host:port, or mqtts:// for TLS"))
+    broker_username: str | None = Field(default=None, description="broker user name; unset: connect anonymously")
+    broker_password: SecretStr | None = Field(default=None, description="broker password, with broker_username")
+    ca_file: Path | None = Field(default=None, description=(
+        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); unset: the system's CAs"))
+    cert_file: Path | None = Field(default=None, description=(
+        "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
+    key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
+    client_id: str | None = Field(default=None, description="MQTT client id; unset: coordinator-{federation}")
+    state_dir: Path = Field(default=Path("coordinator-state"), description=(
+        "checkpoints, the rounds log, keys and enrollments; a restart resumes the run kept here"))
+    http_host: str = Field(default="0.0.0.0", description="address serving /metrics, /healthz and /readyz")
+    http_port: int = Field(default=9100, ge=0, le=65535, description="port of /metrics, /healthz, /readyz; 0: any free")
+
+    # what
+    task: str = Field(default="digits", description=(
+        "the task agents run: a built-in task's name (digits, mnist-5k, basic-motions) or a task card file "
+        "(.json, from 'edge-agent tasks --card NAME'); agents of another task, version or model layout are refused"))
+    algorithm: AlgorithmName = Field(default="fedavg", description="the federated learning algorithm")
+    aggregator: AggregatorName = Field(default="mean", description="how updates are combined")
+    byzantine_f: int = Field(default=0, ge=0, le=10_000, description=(
+        "Byzantine updates to tolerate per aggregation: Krum and Multi-Krum need n > 2f + 2 updates, the median "
+        "n > 2f, the trimmed mean must trim at least f per end; a round with fewer fails (too_few_updates)"))
+    trim_beta: float = Field(default=0.1, ge=0.0, lt=0.5, description=(
+        "trimmed_mean: fraction trimmed at each end of every coordinate (floor(beta * n) values)"))
+    multi_krum_m: int | None = Field(default=None, ge=1, description=(
+        "multi_krum: how many best-scored updates to average; unset: n - f"))
+    clip_norm: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
+        "scale each update (delta) to at most this L2 norm before aggregating; unset: no clipping"))
+    rounds: int = Field(default=20, ge=1, le=1_000_000, description="training rounds to run")
+    local_epochs: int = Field(default=2, ge=1, le=1000, description="epochs each agent trains per round")
+    learning_rate: float = Field(default=0.05, gt=0.0, le=10.0, description="agents' local SGD learning rate")
+    momentum: float | None = Field(default=None, ge=0.0, lt=1.0,
+                                   description="local SGD momentum; unset: 0.9, or 0 for scaffold (which needs 0)")
+    weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="agents' local SGD weight decay")
+    batch_size: int | None = Field(default=None, ge=1, description=(
+        "local batch size for every agent; unset: each agent's own (its device profile's or its --batch-size)"))
+    server_learning_rate: float = Field(default=1.0, gt=0.0, le=10.0,
+                                        description="global step on the mean delta (SCAFFOLD's global learning rate)")
+    prox_mu: float = Field(default=0.01, ge=0.0, le=100.0, description="fedprox: weight of the proximal term")
+    proto_lambda: float = Field(default=1.0, ge=0.0, le=1000.0, description="fedproto: weight of the alignment loss")
+    proto_warmup_rounds: int = Field(default=0, ge=0, le=100_000,
+                                     description="fedproto: rounds over which lambda ramps up linearly; 0: none")
+    proto_momentum: float = Field(default=0.0, ge=0.0, lt=1.0,
+                                  description="fedproto: server momentum on the global prototypes")
+    proto_normalize: bool = Field(default=False, description="fedproto: L2-normalise embeddings and prototypes")
+    init_seed: int = Field(default=0, ge=0, lt=2**31, description=(
+        "seed of the initial global model, built alike by every agent"))
+    evaluate_final: bool = Field(default=True, description=(
+        "after the last round, one evaluation round of the final model on the agents' held-out data"))
+
+    compression: str = Field(default="none", description=(
+        "how agents compress their update's delta: none, fp16, int8 (stochastic rounding, unbiased) or topk:F "
+        "(the largest fraction F of entries, the rest kept on the device as error feedback)"))
+    state_compression: Literal["none", "fp16"] = Field(default="none", description=(
+        "how global states go out: none (float32) or fp16 (half the bytes; the coordinator keeps float32 "
+        "master weights, agents widen to float32 losslessly)"))
+
+    # how rounds run (coordinator/policies)
+    mode: Literal["sync", "async"] = Field(default="sync", description=(
+        "sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation (FedBuff), every "
+        "agent trains whenever it is free and a new global version is made every buffer_size updates"))
+    buffer_size: int = Field(default=10, ge=1, le=MAX_AGENTS_PER_ROUND, description=(
+        "async: updates folded into each new global version"))
+    max_staleness: int = Field(default=4, ge=0, le=1000, description=(
+        "async: drop an update trained from a version more than this many versions old (too_stale)"))
+    staleness_exponent: float = Field(default=0.5, ge=0.0, le=4.0, description=(
+        "async: an update s versions stale weighs (1 + s) ** -exponent of its samples; 0.5 is FedBuff's 1/sqrt(1+s)"))
+    weighting: Literal["samples", "kl"] = Field(default="samples", description=(
+        "samples: weight updates by sample count; kl: also by exp(-KL / kl_temperature), KL of the agent's label "
+        "distribution to the federation's (agents report label counts, except under DP)"))
+    kl_temperature: float = Field(default=1.0, gt=0.0, le=100.0, description=(
+        "kl weighting: an agent at KL = temperature keeps e^-1 = 37% of its weight"))
+
+    # who, and how long to wait for them
+    seed: int = Field(default=0, description="seed of agent selection (with the round number: a restart re-selects alike)")
+    fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0, description=(
+        "fraction of the available agents a round wants updates from"))
+    min_fit_agents: int = Field(default=2, ge=1, description="fewest agents a round wants updates from")
+    over_selection: float = Field(default=0.0, ge=0.0, le=10.0, description=(
+        "select this fraction more agents than the round wants (0.3: 30% more); the round closes as soon "
+        "as the wanted number answered, so a few stragglers or dropouts do not hold it up"))
+    max_agents_per_round: int = Field(default=MAX_AGENTS_PER_ROUND, ge=1, le=MAX_AGENTS_PER_ROUND, description=(
+        "most agents one round (training or the final evaluation) selects; larger fleets are sampled"))
+    max_known_agents: int = Field(default=50_000, ge=1, le=10_000_000, description=(
+        "agents the registry remembers; when full, the longest-silent one is forgotten, or a new one refused"))
+    forget_agents_after_s: float = Field(default=7 * 86_400.0, gt=0.0, description=(
+        "forget an agent not heard from for this long (it re-enters with its next status)"))
+    min_available_agents: int = Field(default=2, ge=1, description="a round opens once this many agents are online")
+    quorum_fraction: float = Field(default=0.5, gt=0.0, le=1.0, description=(
+        "fraction of the wanted updates that must arrive by the deadline, else the round fails (quorum_missed)"))
+    min_updates: int = Field(default=1, ge=1, description="fewest updates a round needs at its deadline (the quorum's floor)")
+    round_deadline_s: float = Field(default=60.0, gt=0.0, le=86_400.0, description=(
+        "seconds a round waits for updates before it closes"))
+    agent_timeout_s: float = Field(default=90.0, gt=0.0, description=(
+        "an agent not heard from for this long is offline, even without its last will"))
+    resume_grace_s: float = Field(default=10.0, ge=0.0, le=3600.0, description=(
+        "after a restart, a round whose deadline passed while the coordinator was down still collects "
+        "updates (queued by the broker or resent by agents) for this long before closing; 0 closes it at "
+        "once as interrupted"))
+    reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
+    reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
+
+    # limits
+    max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
+        "largest update accepted from one agent, in bytes (reassembled, if sent in chunks)"))
+    enrollment: Literal["required", "open"] = Field(default="required", description=(
+        "required: accept only agents enrolled with 'coordinator enroll', by their signatures; "
+        "open: anyone who reaches the broker (experiments only)"))
+    enrolled_agents_file: Path | None = Field(default=None, description=(
+        "enrolled agents' public keys; unset: STATE_DIR/enrolled.json"))
+    signing_key_file: Path | None = Field(default=None, description=(
+        "the coordinator's Ed25519 key (created if missing); unset: STATE_DIR/coordinator_key.pem"))
+    max_samples_per_update: int = Field(default=1_000_000, ge=1, description=(
+        "most samples an update may claim as its weight (an enrollment's max_samples can lower it)"))
+    max_norm_ratio: float = Field(default=10.0, ge=0.0, allow_inf_nan=False, description=(
+        "reject a delta whose L2 norm exceeds this times the previous round's median; 0 turns it off"))
+    aggregation_memory_mb: int = Field(default=512, ge=0, le=1_048_576, description=(
+        "robust rules keep a round's updates in memory up to this, in a memory-mapped file under state_dir beyond it"))
+    max_message_bytes: int = Field(default=0, ge=0, description=(
+        "split published global states above this size into chunks (for brokers that cap messages); 0 never"))
+    exit_when_finished: bool = Field(default=False, description=(
+        "exit (status 0) once the run is finished, instead of serving metrics until stopped"))
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe log level shown")
+
+    @field_validator("federation")
+    @classmethod
+    def _federation(cls, value: str) -> str:
+        return check_identifier(value, "federation")
+
+    @field_validator("broker_url")
+    @classmethod
+    def _broker_url(cls, value: str) -> str:
+        BrokerAddress.parse(value)
+        return value
+
+    _tls_file = field_validator("ca_file", "cert_file", "key_file")(tls_file_setting)
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, value: float | None, info: ValidationInfo) -> float:
+        """Fills in the algorithm's default; ``algorithm`` is declared (so validated) before it."""
+        scaffold = info.data.get("algorithm") == "scaffold"
+        if value is None:
+            return 0.0 if scaffold else DEFAULT_MOMENTUM
+        if scaffold and value != 0.0:
+            raise ValueError("must be 0 for scaffold: its correction assumes plain SGD steps")
+        return value
+
+    @field_validator("task")
+    @classmethod
+    def _task(cls, value: str) -> str:
+        load_task_card(value)  # a clear error at start-up, naming the field
+        return value
+
+    @field_validator("compression")
+    @classmethod
+    def _compression(cls, value: str) -> str:
+        return str(CompressionSpec.parse(value))  # a clear error at start-up, naming the field
+
+    @field_validator("client_id")
+    @classmethod
+    def _client_id(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "client_id")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CoordinatorSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
+        if self.min_fit_agents > self.min_available_agents:
+            raise ValueError("min_fit_agents cannot exceed min_available_agents")
+        if 0 < self.max_message_bytes < 4096:
+            raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
+        if self.reconnect_min_s > self.reconnect_max_s:
+            raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
+        if self.compression.startswith("topk") and self.momentum != 0.0:
+            raise ValueError(f"compression {self.compression} needs momentum 0 (add --momentum 0): with local momentum, "
+                             f"top-k's error feedback sends what it held back in bursts, and a large model stayed at "
+                             f"chance in bench/compression.py")
+        if self.mode == "async" and self.algorithm not in ("fedavg", "fedprox"):
+            raise ValueError(f"mode async runs fedavg or fedprox, not {self.algorithm}: SCAFFOLD's control variates "
+                             f"and FedProto's prototypes assume every update starts from the same round")
+        if self.mode == "async" and self.over_selection:
+            raise ValueError("over_selection has no effect with mode async: every available agent is selected")
+        if self.algorithm == "fedproto":
+            problem = self.task_card().prototype_problem()
+            if problem is not None:
+                raise ValueError(f"algorithm fedproto cannot run task {self.task!r}: {problem}")
+        return self
+
+    def task_card(self) -> TaskCard:
+        return load_task_card(self.task)
+
+    @property
+    def mqtt_client_id(self) -> str:
+        return self.client_id or f"coordinator-{self.federation}"
+
+    @property
+    def enrollment_path(self) -> Path:
+        return self.enrolled_agents_file or Path(self.state_dir) / "enrolled.json"
+
+    @property
+    def signing_key_path(self) -> Path:
+        return self.signing_key_file or Path(self.state_dir) / "coordinator_key.pem"
+
+    def broker_address(self) -> BrokerAddress:
+        password = self.broker_password.get_secret_value() if self.broker_password else None
+        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password).with_tls_files(
+            self.ca_file, self.cert_file, self.key_file)

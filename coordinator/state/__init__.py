@@ -1,0 +1,1 @@
+"""What a run keeps: round records, checkpoints, retained-topic bookkeeping, the rounds log, version digests."""

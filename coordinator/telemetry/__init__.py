@@ -1,0 +1,1 @@
+"""Metrics and reports: Prometheus metrics, label-skew (KL) reports, federated evaluation figures."""
