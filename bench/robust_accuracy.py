@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from coordinator.aggregation.registry import RULES
 from coordinator.settings import CoordinatorSettings
 from edge_agent.attacks import DEFAULT_SCALE, DEFAULT_Z, InProcessCollusion
 from edge_agent.config import AgentSettings
@@ -28,7 +29,8 @@ from launcher.broker import MosquittoBroker
 from launcher.evaluate import score_weights
 from launcher.inprocess import run_federation
 
-AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum")
+AGGREGATORS = RULES.names()
+"""Every registered rule, FedAvg's plain mean first."""
 ATTACKS = ("sign_flip", "scaling", "gaussian_noise", "label_flip", "alie")
 GOAL_POINTS = 3.0
 GOAL_ATTACKS = ("sign_flip", "scaling")
@@ -66,8 +68,8 @@ class Plan:
 
 FULL = Plan(agents=10, rounds=20, fractions=(0.1, 0.2, 0.3), attacks=ATTACKS, aggregators=AGGREGATORS,
             byzantine_f=3, trim_beta=0.3, clean_repeats=3)
-QUICK = Plan(agents=5, rounds=3, fractions=(0.2,), attacks=("sign_flip",), aggregators=("mean", "median", "krum"),
-             byzantine_f=1, trim_beta=0.2)
+QUICK = Plan(agents=5, rounds=3, fractions=(0.2,), attacks=("sign_flip",),
+             aggregators=("mean", "median", "krum", "geometric_median"), byzantine_f=1, trim_beta=0.2)
 
 
 @dataclass
@@ -157,7 +159,7 @@ def run_accuracy(plan: Plan, progress: bool = True) -> list[Cell]:
             cells.append(cell)
             if progress:
                 acc = "-" if cell.accuracy is None else f"{100 * cell.accuracy:.1f}%"
-                print(f"  {attack:<15} {attackers:>2}/{plan.agents} {aggregator:<13} {acc:>6}  "
+                print(f"  {attack:<15} {attackers:>2}/{plan.agents} {aggregator:<16} {acc:>6}  "
                       f"{cell.rounds_completed} rounds ok, {cell.rounds_failed} not, {cell.seconds:.1f}s"
                       + (f", {cell.skipped} agent-rounds skipped (training diverged)" if cell.skipped else ""),
                       flush=True)
@@ -176,19 +178,21 @@ def table(plan: Plan, cells: list[Cell]) -> list[str]:
         text = "-" if all(c.accuracy is None for c in runs) else f"{100 * mean_accuracy(cells, attack, k, aggregator):.1f}"
         return text + ("*" if any(c.rounds_failed for c in runs) else " ")
 
-    lines = [f"{'attack':<15} {'attackers':>9}  " + "".join(f"{a:>14}" for a in plan.aggregators), "-" * 100]
+    widths = {a: max(14, len(a) + 2) for a in plan.aggregators}
+    lines = [f"{'attack':<15} {'attackers':>9}  " + "".join(f"{a:>{widths[a]}}" for a in plan.aggregators),
+             "-" * (27 + sum(widths.values()))]
     rows = [("none", 0)] + [(attack, round(f * plan.agents)) for attack in plan.attacks for f in plan.fractions
                             if f > 0]
     for attack, k in rows:
         label = f"{k}/{plan.agents} ({100 * k // plan.agents}%)"
-        lines.append(f"{attack:<15} {label:>9}  " + "".join(f"{fmt(attack, k, a):>14}" for a in plan.aggregators))
+        lines.append(f"{attack:<15} {label:>9}  " + "".join(f"{fmt(attack, k, a):>{widths[a]}}" for a in plan.aggregators))
     if plan.clean_repeats > 1:
         spread = []
         for aggregator in plan.aggregators:
             runs = [100 * (c.accuracy or 0.0) for c in cells if (c.attack, c.aggregator) == ("none", aggregator)]
             spread.append(f"{min(runs):.1f}-{max(runs):.1f}")
         lines.append(f"{'clean, range':<15} {f'{plan.clean_repeats} runs':>9}  "
-                     + "".join(f"{s:>14}" for s in spread))
+                     + "".join(f"{s:>{widths[a]}}" for s, a in zip(spread, plan.aggregators, strict=True)))
     return lines
 
 

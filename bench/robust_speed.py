@@ -9,7 +9,12 @@ References, all measured in the same run as ours:
 - coordinate-wise rules: ``np.median(stack, axis=0)`` on the updates stacked beforehand
   (stacking not timed), and with the stacking timed;
 - weighted mean: summing the arrays in place, ``acc += update`` (float32, as sent), and the
-  same into a float64 accumulator.
+  same into a float64 accumulator;
+- geometric median: RFA's smoothed Weiszfeld written plainly, on the updates stacked into one
+  n x d float64 matrix (stacking timed), the distances ``np.linalg.norm(x - z, axis=1)`` each
+  iteration, for as many iterations as ours ran.
+
+The memory table covers every rule in the registry, as ``build_aggregator`` configures it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,11 @@ from typing import Any
 import numpy as np
 from timing import median_seconds
 
-from coordinator.aggregation import coordinate_median, krum, multi_krum, trimmed_mean, weighted_mean
+from coordinator.aggregation import UpdateStack, coordinate_median, krum, multi_krum, trimmed_mean, weighted_mean
+from coordinator.aggregation.aggregator import build_aggregator
+from coordinator.aggregation.geometric_median import geometric_median, smoothed_weiszfeld
+from coordinator.aggregation.registry import RULES
+from coordinator.settings import CoordinatorSettings
 
 KRUM_GOAL = 10.0  # reference / ours, at least
 COORDINATE_GOAL = 1.0  # ours / np.median, at most
@@ -66,6 +75,23 @@ def double_loop_distances(updates: list[dict[str, np.ndarray]]) -> np.ndarray:
     return distances
 
 
+def plain_weiszfeld(updates: list[dict[str, np.ndarray]], iterations: int, smoothing: float,
+                    tolerance: float) -> np.ndarray:
+    """The geometric median as usually written (each update counted once), from the plain mean."""
+    x = np.stack(flat64(updates))
+    z = x.mean(axis=0)
+    distances = np.linalg.norm(x - z, axis=1)
+    objective = distances.sum()
+    for _ in range(iterations):
+        betas = 1.0 / np.maximum(smoothing, distances)
+        z = betas @ x / betas.sum()
+        distances = np.linalg.norm(x - z, axis=1)  # for the objective and the next step alike
+        previous, objective = objective, distances.sum()
+        if abs(previous - objective) <= tolerance * objective:
+            break
+    return z
+
+
 def sum_in_place(updates: list[dict[str, np.ndarray]], dtype: type) -> dict[str, np.ndarray]:
     acc = {k: v.astype(dtype) for k, v in updates[0].items()}
     for update in updates[1:]:
@@ -97,6 +123,13 @@ def run_speed(n: int, num_params: int, repetitions: int, f: int, beta: float) ->
     # Same answers as the references, checked before timing anything.
     ours_median = coordinate_median(updates, weights)
     assert np.array_equal(np.concatenate([a.ravel() for a in ours_median.values()]), np.median(stack, axis=0))
+    defaults = CoordinatorSettings.model_fields  # the geometric median's, as a coordinator runs it
+    steps, smoothing = defaults["geomed_iterations"].default, defaults["geomed_smoothing"].default
+    converged = smoothed_weiszfeld(UpdateStack(updates, weights), steps, smoothing,
+                                   defaults["geomed_tolerance"].default)[1]
+    ours_geomed = geometric_median(updates, weights, iterations=steps, tolerance=0.0)
+    np.testing.assert_allclose(np.concatenate([a.ravel() for a in ours_geomed.values()]),
+                               plain_weiszfeld(updates, steps, smoothing, 0.0), rtol=1e-5, atol=1e-8)
     t = median_seconds({
         "krum": lambda: krum(updates, weights, f=f),
         "multi_krum": lambda: multi_krum(updates, weights, f=f),
@@ -110,17 +143,16 @@ def run_speed(n: int, num_params: int, repetitions: int, f: int, beta: float) ->
         "mean": lambda: weighted_mean(updates, weights),
         "sum32": lambda: sum_in_place(updates, np.float32),
         "sum64": lambda: sum_in_place(updates, np.float64),
+        "geomed": lambda: geometric_median(updates, weights, iterations=steps, tolerance=0.0),
+        "plain_weiszfeld": lambda: plain_weiszfeld(updates, steps, smoothing, 0.0),
     }, repetitions)
     nbytes = n * num_params * 4
     few = updates[:10]
-    rules: dict[str, Callable[[list[dict[str, np.ndarray]]], Any]] = {
-        "weighted_mean": lambda u: weighted_mean(u, [1.0] * len(u)),
-        "coordinate_median": lambda u: coordinate_median(u, [1.0] * len(u)),
-        "trimmed_mean": lambda u: trimmed_mean(u, [1.0] * len(u), beta=beta),
-        "krum": lambda u: krum(u, [1.0] * len(u), f=min(f, (len(u) - 3) // 2)),
-        "multi_krum": lambda u: multi_krum(u, [1.0] * len(u), f=min(f, (len(u) - 3) // 2)),
-    }
-    memory = {name: (peak_bytes(lambda r=rule: r(few)), peak_bytes(lambda r=rule: r(updates)))
+    # Every registered rule as configured, with f = 0 (trimming beta * 10 values per end cannot exclude f = 3;
+    # f does not change the memory a rule takes).
+    rules = {name: build_aggregator(CoordinatorSettings(aggregator=name, trim_beta=beta)) for name in RULES.names()}
+    memory = {name: (peak_bytes(lambda r=rule: r(few, [1.0] * len(few))),
+                     peak_bytes(lambda r=rule: r(updates, [1.0] * len(updates))))
               for name, rule in rules.items()}
 
     def row(name: str, seconds: float, vs: str) -> str:
@@ -146,6 +178,9 @@ def run_speed(n: int, num_params: int, repetitions: int, f: int, beta: float) ->
             f"ours / sum f32 {t['mean'] / t['sum32']:.2f}  ours / sum f64 {t['mean'] / t['sum64']:.2f}"),
         row("sum in place, float32 accumulator [c]", t["sum32"], ""),
         row("sum in place, float64 accumulator [c]", t["sum64"], ""),
+        row(f"geometric_median (ours, {steps} steps [e])", t["geomed"],
+            f"plain [d] / ours {t['plain_weiszfeld'] / t['geomed']:.1f}x  (default tolerance stops after {converged})"),
+        row("plain numpy Weiszfeld, float64 stack [d]", t["plain_weiszfeld"], ""),
         "",
         f"{'peak traced memory (tracemalloc)':<44} {'n=10 MB':>10} {f'n={n} MB':>9}  growth",
         "-" * 100,
@@ -154,7 +189,7 @@ def run_speed(n: int, num_params: int, repetitions: int, f: int, beta: float) ->
         lines.append(f"{name:<44} {small / 1e6:>10.1f} {large / 1e6:>9.1f}  {(large - small) / 1e6:+.1f} MB")
     lines.append(f"(output alone: {num_params * 4 / 1e6:.1f} MB; n x d in float64 would be "
                  f"{n * num_params * 8 / 1e6:.0f} MB)")
-    mean_growth = memory["weighted_mean"][1] - memory["weighted_mean"][0]
+    mean_growth = memory["mean"][1] - memory["mean"][0]
     verdicts = [
         (krum_ratio >= KRUM_GOAL, (f"Krum at least {KRUM_GOAL:.0f}x faster than the double loop at its precision "
                                   f"(float64) [a2]: {krum_ratio:.1f}x")),
@@ -180,5 +215,9 @@ FOOTNOTES = [
     "[a2] d = a - b; d @ d for each pair, on float64 copies of the flattened updates (conversion timed).",
     "[b] the updates stacked into one n x d float32 array beforehand (stacking not timed); the next line times it.",
     "[c] acc += update per array, acc starting as a copy of the first update (in that dtype): no weights.",
+    "[d] smoothed Weiszfeld on the updates stacked into one n x d float64 matrix (stacking timed), "
+    "np.linalg.norm(x - z, axis=1) once per step; as many steps as ours, same answer (checked first).",
+    "[e] every step geomed_iterations allows (tolerance 0), ours and [d] alike: the worst case; the default "
+    "tolerance stops earlier (the ratio column says after how many steps, on these updates).",
     "Memory: peak bytes numpy allocates during one call (tracemalloc), inputs excluded.",
 ]

@@ -8,14 +8,22 @@ from typing import Literal
 from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from protocol.compression import CompressionSpec
+from coordinator.aggregation.registry import RULES
+from coordinator.policies.registry import POLICIES
+from coordinator.strategies.registry import ALGORITHMS
+from protocol.compression import COMPRESSORS, CompressionSpec, state_compressors
+from protocol.compression.registry import described
 from protocol.messages import MAX_AGENTS_PER_ROUND
 from protocol.tasks import TaskCard, load_task_card
 from protocol.topics import check_identifier
 from protocol.transport.mqtt import BrokerAddress, tls_file_setting
 
-AggregatorName = Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"]
-AlgorithmName = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
+AggregatorName = RULES.literal()
+"""The registered aggregation rules' names (coordinator/aggregation/registry.py)."""
+AlgorithmName = ALGORITHMS.literal()
+"""The registered algorithms' names (coordinator/strategies/registry.py)."""
+StateCompressionName = Literal.__getitem__(("none", *state_compressors()))  # type: ignore[attr-defined]
+"""``none`` or a compressor that declares the ``global_state`` payload (protocol/compression/registry.py)."""
 
 DEFAULT_MOMENTUM = 0.9
 """Local SGD momentum when none is set; SCAFFOLD's default is 0 (it corrects plain SGD steps)."""
@@ -46,15 +54,24 @@ class CoordinatorSettings(BaseSettings):
     task: str = Field(default="digits", description=(
         "the task agents run: a built-in task's name (digits, mnist-5k, basic-motions) or a task card file "
         "(.json, from 'edge-agent tasks --card NAME'); agents of another task, version or model layout are refused"))
-    algorithm: AlgorithmName = Field(default="fedavg", description="the federated learning algorithm")
+    algorithm: AlgorithmName = Field(default="fedavg", description="the federated learning algorithm")  # type: ignore[valid-type]
     aggregator: AggregatorName = Field(default="mean", description="how updates are combined")
     byzantine_f: int = Field(default=0, ge=0, le=10_000, description=(
         "Byzantine updates to tolerate per aggregation: Krum and Multi-Krum need n > 2f + 2 updates, the median "
-        "n > 2f, the trimmed mean must trim at least f per end; a round with fewer fails (too_few_updates)"))
+        "and the geometric median n > 2f, the trimmed mean must trim at least f per end; a round with fewer fails "
+        "(too_few_updates)"))
     trim_beta: float = Field(default=0.1, ge=0.0, lt=0.5, description=(
         "trimmed_mean: fraction trimmed at each end of every coordinate (floor(beta * n) values)"))
     multi_krum_m: int | None = Field(default=None, ge=1, description=(
         "multi_krum: how many best-scored updates to average; unset: n - f"))
+    geomed_iterations: int = Field(default=10, ge=1, le=1000, description=(
+        "geometric_median: most smoothed Weiszfeld iterations, each one pass over the round's updates"))
+    geomed_smoothing: float = Field(default=1e-6, gt=0.0, le=1.0, allow_inf_nan=False, description=(
+        "geometric_median: an update closer than this to the current estimate weighs as if at this L2 distance "
+        "(RFA's nu: no division by zero)"))
+    geomed_tolerance: float = Field(default=1e-6, ge=0.0, lt=1.0, description=(
+        "geometric_median: stop once an iteration lowers the sum of distances by at most this fraction of it; "
+        "0: run every iteration"))
     clip_norm: float | None = Field(default=None, gt=0.0, allow_inf_nan=False, description=(
         "scale each update (delta) to at most this L2 norm before aggregating; unset: no clipping"))
     rounds: int = Field(default=20, ge=1, le=1_000_000, description="training rounds to run")
@@ -80,16 +97,17 @@ class CoordinatorSettings(BaseSettings):
         "after the last round, one evaluation round of the final model on the agents' held-out data"))
 
     compression: str = Field(default="none", description=(
-        "how agents compress their update's delta: none, fp16, int8 (stochastic rounding, unbiased) or topk:F "
-        "(the largest fraction F of entries, the rest kept on the device as error feedback)"))
-    state_compression: Literal["none", "fp16"] = Field(default="none", description=(
+        "how agents compress their update's delta: none, or a registered compressor (protocol/compression/): "
+        + described()))
+    state_compression: StateCompressionName = Field(default="none", description=(  # type: ignore[valid-type]
         "how global states go out: none (float32) or fp16 (half the bytes; the coordinator keeps float32 "
         "master weights, agents widen to float32 losslessly)"))
 
     # how rounds run (coordinator/policies)
-    mode: Literal["sync", "async"] = Field(default="sync", description=(
-        "sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation (FedBuff), every "
-        "agent trains whenever it is free and a new global version is made every buffer_size updates"))
+    mode: POLICIES.literal() = Field(default="sync", description=(  # type: ignore[valid-type]
+        "the round policy: sync: rounds with a deadline and a quorum; async: buffered asynchronous aggregation "
+        "(FedBuff), every agent trains whenever it is free and a new global version is made every buffer_size "
+        "updates"))
     buffer_size: int = Field(default=10, ge=1, le=MAX_AGENTS_PER_ROUND, description=(
         "async: updates folded into each new global version"))
     max_staleness: int = Field(default=4, ge=0, le=1000, description=(
@@ -203,12 +221,15 @@ class CoordinatorSettings(BaseSettings):
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
-        if self.compression.startswith("topk") and self.momentum != 0.0:
+        kind = CompressionSpec.parse(self.compression).kind
+        if kind != "none" and COMPRESSORS.get(kind).error_feedback and self.momentum != 0.0:
             raise ValueError(f"compression {self.compression} needs momentum 0 (add --momentum 0): with local momentum, "
-                             f"top-k's error feedback sends what it held back in bursts, and a large model stayed at "
+                             f"{kind}'s error feedback sends what it held back in bursts, and a large model stayed at "
                              f"chance in bench/compression.py")
-        if self.mode == "async" and self.algorithm not in ("fedavg", "fedprox"):
-            raise ValueError(f"mode async runs fedavg or fedprox, not {self.algorithm}: SCAFFOLD's control variates "
+        algorithm = ALGORITHMS.entry(self.algorithm)
+        if not algorithm.supports("modes", self.mode):
+            runs = " or ".join(e.name for e in ALGORITHMS if e.supports("modes", self.mode))
+            raise ValueError(f"mode {self.mode} runs {runs}, not {self.algorithm}: SCAFFOLD's control variates "
                              f"and FedProto's prototypes assume every update starts from the same round")
         if self.mode == "async" and self.over_selection:
             raise ValueError("over_selection has no effect with mode async: every available agent is selected")

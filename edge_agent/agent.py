@@ -126,7 +126,7 @@ class EdgeAgent:
         """New on every process start; the coordinator counts a change as a restart."""
         self.announcement: RoundAnnouncement | None = None
         self.problem: str | None = None
-        """Why this agent refuses the current rounds (another task, version or layout); sent in its status."""
+        """Why this agent refuses the current rounds (task, version, layout, algorithm); sent in its status."""
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
@@ -287,13 +287,13 @@ class EdgeAgent:
         self._maybe_resend(ann)
 
     def _check_agreement(self, ann: RoundAnnouncement) -> None:
-        """Refuse rounds of another task, version or layout, and say so in the status when that changes."""
+        """Refuse rounds this agent cannot run (``LocalWorker.refusal``); say so in status and log when that changes."""
         problem = self.worker.refusal(ann)
         if problem == self.problem:
             return
         self.problem = problem
         if problem is not None:
-            log.warning("refusing rounds (task_mismatch): %s", problem)
+            log.warning("refusing rounds: %s", problem)
         else:
             log.info("round %d is of this agent's task and layout again", ann.round)
         if self._link is not None:

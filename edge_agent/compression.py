@@ -2,9 +2,10 @@
 
 Compression is post-processing of the update the agent would have sent: under DP-SGD the delta
 is already privatised, so compressing it costs no privacy. fp16 and int8 (stochastic rounding,
-unbiased) need no memory; top-k keeps what it did not send as an error-feedback residual in the
-state directory, per run and family (``ef-{run}-{family}``), added to the next round's delta,
-so a reboot does not lose it. Integer arrays (counters) always travel uncompressed.
+unbiased) need no memory; top-k (a compressor with ``error_feedback``) keeps what it did not send
+as an error-feedback residual in the state directory, per run and family (``ef-{run}-{family}``),
+added to the next round's delta, so a reboot does not lose it. Integer arrays (counters) always
+travel uncompressed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from edge_agent.state import AgentStateDir
 from protocol.arrays import layout_of
-from protocol.compression import CompressionSpec, pack_arrays, split_compressible
+from protocol.compression import COMPRESSORS, CompressionSpec, kind_of, pack_arrays, split_compressible
 from protocol.compression.error_feedback import ErrorFeedback
 
 log = logging.getLogger(__name__)
@@ -40,25 +41,30 @@ class DeltaCompressor:
         self.declined: str | None = None
         """Why the delta went uncompressed although the round asked for compression."""
 
-    def compress(self, payload: dict[str, Any], compression: str,
-                 usable: Collection[str] = ("fp16", "int8", "topk")) -> dict[str, Any]:
+    def compress(self, payload: dict[str, Any], compression: str, usable: Collection[str] | None = None) -> dict[str, Any]:
         """``payload`` with its delta's float arrays moved, packed, into ``packed_delta`` (and
         SCAFFOLD's control delta into ``packed_control_delta``).
 
-        Uncompressed, with ``declined`` saying why, when ``compression``'s kind is not among the
-        ``usable`` ones (what this device was configured to use) or packing fails."""
-        spec = CompressionSpec.parse(compression)
+        Uncompressed, with ``declined`` saying why, when ``compression``'s kind is one this agent does
+        not implement (a newer coordinator's: the wire lets it through), is not among the ``usable``
+        ones (what this device was configured to use; default: every registered one), or packing fails."""
+        kind = kind_of(compression)
         delta = payload.get("delta")
-        if spec.kind == "none" or not delta:
+        if kind == "none" or not delta:
             return payload  # nothing to compress (e.g. a bootstrap round sends whole weights)
-        if spec.kind not in usable:
-            self.declined = f"this agent does not use {spec.kind} (its compressors: {', '.join(sorted(usable)) or 'none'})"
+        usable = COMPRESSORS.names() if usable is None else usable
+        if kind not in COMPRESSORS:
+            self.declined = f"this agent does not implement compressor {kind} (it implements {', '.join(COMPRESSORS.names())})"[:200]
             return payload
+        if kind not in usable:
+            self.declined = f"this agent does not use {kind} (its compressors: {', '.join(sorted(usable)) or 'none'})"[:200]
+            return payload
+        spec = CompressionSpec.parse(compression)  # a known kind: the wire already checked its argument
         floats, rest = split_compressible(delta)
         control_floats, control_rest = split_compressible(payload.get("control_delta") or {})
         rng = np.random.default_rng(self.seed)
         try:
-            if spec.kind == "topk":  # one residual file: the control delta's arrays under CONTROL names
+            if COMPRESSORS.get(kind).error_feedback:  # one residual file: the control delta's arrays under CONTROL names
                 controls = {CONTROL + name: array for name, array in control_floats.items()}
                 feedback = self._load_feedback({**floats, **controls})
                 packed = feedback.pack(floats, spec, rng)

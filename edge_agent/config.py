@@ -9,11 +9,10 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from edge_agent.stragglers import DelayModel, parse_delay
+from protocol.compression import COMPRESSORS
 from protocol.security.signing import PublicKey
 from protocol.topics import check_identifier
 from protocol.transport.mqtt import BrokerAddress, tls_file_setting
-
-USABLE_COMPRESSORS = ("fp16", "int8", "topk")
 
 
 class AgentSettings(BaseSettings):
@@ -64,9 +63,9 @@ class AgentSettings(BaseSettings):
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
         "alie: send mean - z x std of the colluders' benign updates; unset: 1"))
 
-    compressors: str = Field(default="fp16,int8,topk", description=(
-        "the update compressors this device may use (comma-separated: fp16, int8, topk; 'none' for none); a round "
-        "asking for another is answered uncompressed, and the update says why"))
+    compressors: str = Field(default=",".join(COMPRESSORS.names()), description=(
+        f"the update compressors this device may use (comma-separated: {', '.join(COMPRESSORS.names())}; 'none' for "
+        "none); a round asking for another is answered uncompressed, and the update says why"))
 
     threads: int | None = Field(default=None, ge=0, description=(
         "torch CPU threads; unset: the device profile's; 0: torch's default"))
@@ -130,11 +129,11 @@ class AgentSettings(BaseSettings):
         kinds = [k.strip() for k in value.split(",") if k.strip()]
         if kinds == ["none"]:
             return "none"
-        unknown = [k for k in kinds if k not in USABLE_COMPRESSORS]
+        known = COMPRESSORS.names()  # the registered compressors (protocol/compression/registry.py)
+        unknown = [k for k in kinds if k not in known]
         if unknown or not kinds:
-            raise ValueError(f"compressors: {', '.join(unknown) or 'nothing'} is not one of "
-                             f"{', '.join(USABLE_COMPRESSORS)} (or 'none')")
-        return ",".join(k for k in USABLE_COMPRESSORS if k in kinds)  # canonical order, no repeats
+            raise ValueError(f"compressors: {', '.join(unknown) or 'nothing'} is not one of {', '.join(known)} (or 'none')")
+        return ",".join(k for k in known if k in kinds)  # canonical order, no repeats
 
     def compressor_kinds(self) -> frozenset[str]:
         return frozenset() if self.compressors == "none" else frozenset(self.compressors.split(","))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -14,8 +14,15 @@ from edge_agent.sgd import SGD
 from edge_agent.tasks.base import CLASSIFICATION, Objective
 from protocol.messages import LocalTraining
 
-if TYPE_CHECKING:
-    from edge_agent.algorithms.base import ClientAlgorithm
+
+class TrainingHooks(Protocol):
+    """What local training calls of an algorithm (``edge_agent.algorithms.base.ClientAlgorithm``
+    provides it); typed structurally, since the algorithms import this module's results."""
+
+    def extra_loss(self, model: FedModel, embeddings: torch.Tensor, logits: torch.Tensor,
+                   labels: torch.Tensor) -> torch.Tensor | None: ...
+
+    def after_backward(self, model: FedModel) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,7 @@ def evaluate(model: FedModel, data: Dataset, device: torch.device, objective: Ob
 
 
 def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size: int, device: torch.device,
-                algorithm: ClientAlgorithm, seed: int, objective: Objective = CLASSIFICATION) -> TrainResult:
+                algorithm: TrainingHooks, seed: int, objective: Objective = CLASSIFICATION) -> TrainResult:
     """``plan.epochs`` passes of SGD over ``data``; the loss is the task's plus the algorithm's terms."""
     started = time.perf_counter()
     model.train()

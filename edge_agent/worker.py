@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from edge_agent.algorithms import RoundContext, build_client_algorithm
+from edge_agent.algorithms import RoundContext, build_client_algorithm, unknown_algorithm
 from edge_agent.attacks import Attack, AttackContext, forge_payload
 from edge_agent.compression import DeltaCompressor
 from edge_agent.data.local import LocalData
@@ -22,6 +22,7 @@ from edge_agent.tasks.checks import model_fingerprint
 from edge_agent.training import evaluate, train_local
 from edge_agent.weights import get_arrays
 from protocol.arrays import all_finite
+from protocol.compression import COMPRESSORS
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, PrivacySpent, RoundAnnouncement, TrainMetrics, Update
 from protocol.wire import protocol_error
@@ -47,7 +48,7 @@ def check_finite(what: str, losses: list[float], payload: Mapping[str, object] |
 class LocalWorker:
     def __init__(self, agent_id: str, task: Task, family: str, data: LocalData, device: torch.device, batch_size: int,
                  state: AgentStateDir, privacy: PrivateTrainer | None = None, attack: Attack | None = None, *,
-                 compressors: frozenset[str] = frozenset(("fp16", "int8", "topk"))) -> None:
+                 compressors: frozenset[str] | None = None) -> None:
         self.agent_id = agent_id
         self.task = task
         self.family = family
@@ -61,15 +62,21 @@ class LocalWorker:
         """DP-SGD and its budget; None trains without DP."""
         self.attack = attack
         """Tests and benchmarks only: the Byzantine behaviour this agent adopts, if any."""
-        self.compressors = compressors
-        """The compressor kinds this device uses; a round asking for another is answered uncompressed."""
+        self.compressors = frozenset(COMPRESSORS.names()) if compressors is None else compressors
+        """The compressor kinds this device uses (default: every registered one); a round asking for
+        another is answered uncompressed."""
         self._declined: str | None = None
 
     def refusal(self, announcement: RoundAnnouncement) -> str | None:
-        """Why this agent cannot take part in ``announcement``'s round (task, version or layout), or None."""
+        """Why this agent cannot take part in ``announcement``'s rounds (task, version, an algorithm it
+        does not implement, or layout), or None. A run keeps its algorithm, so an unknown one is
+        refused like another task: the status says why and the coordinator stops selecting it."""
         ann, mine = announcement, self.task.card.ref
         if ann.task_ref != mine:
             return f"round {ann.round} trains task {ann.task_ref}, this agent runs {mine}"
+        unknown = unknown_algorithm(ann.algorithm)
+        if unknown is not None:
+            return unknown  # no round number: the same text every round, so it is logged and published once
         announced = ann.layouts.get(self.family)
         if announced is not None and announced != self.layout:
             return (f"round {ann.round} announces layout {announced} for family {self.family}, this agent's model has "

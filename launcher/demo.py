@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 
 from coordinator.state.rounds import RoundSummary
+from coordinator.strategies.registry import ALGORITHMS
 from edge_agent.stragglers import parse_delay
 from launcher import report
 from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoBroker
@@ -48,11 +49,8 @@ class Partition(str, Enum):
     none = "none"
 
 
-class Algorithm(str, Enum):
-    fedavg = "fedavg"
-    fedprox = "fedprox"
-    scaffold = "scaffold"
-    fedproto = "fedproto"
+Algorithm = Enum("Algorithm", {name: name for name in ALGORITHMS.names()}, type=str)  # type: ignore[misc]
+"""The coordinator's registered algorithms (coordinator/strategies/registry.py)."""
 
 
 class AggregatorKind(str, Enum):
@@ -305,7 +303,7 @@ def demo(
     learning_rate: float = typer.Option(DEFAULT_LEARNING_RATE, "--learning-rate", min=1e-6),
     momentum: float | None = typer.Option(None, "--momentum", min=0.0, max=0.999,
                                           help="local SGD momentum [default: 0.9, or 0 for scaffold]"),
-    algorithm: Algorithm = typer.Option(Algorithm.fedavg, "--algorithm", help="federated algorithm"),
+    algorithm: Algorithm = typer.Option(Algorithm("fedavg"), "--algorithm", help="federated algorithm"),  # type: ignore[valid-type]
     aggregator: AggregatorKind = typer.Option(AggregatorKind.mean, "--aggregator",
                                               help="how updates are combined (robust rules: median, trimmed_mean)"),
     batch_size: int | None = typer.Option(None, "--batch-size", min=1, help="default: each device profile's"),

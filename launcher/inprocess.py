@@ -53,14 +53,14 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
     agents = enroll_all(coordinator, agents)
     service = CoordinatorService(coordinator, registry=CollectorRegistry())
     if on_round_closed is not None:
-        engine, record = service.engine, service.engine.on_round_closed
+        engine, record = service.engine, service.driver.on_round_closed
 
         def observe(summary: RoundSummary) -> None:
             if record is not None:
                 record(summary)
             on_round_closed(summary, engine)
 
-        engine.on_round_closed = observe
+        service.driver.on_round_closed = observe
     tasks = {name: resolve_task(name) for name in {a.task for a in agents}}  # once, not once per agent
     fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False, collusion=collusion,
                          task=tasks[a.task]) for a in agents]
@@ -80,7 +80,7 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
         thread.join(10)
     if not finished:
         raise TimeoutError(f"federation did not finish within {timeout_s:.0f}s "
-                           f"(reached round {service.engine.next_round - 1})")
+                           f"(reached round {service.engine.run.next_round - 1})")
     return FederationResult(list(service.rounds_log.read()), service.engine.strategy, fleet, service,
                             time.perf_counter() - started)
 

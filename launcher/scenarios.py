@@ -226,7 +226,7 @@ class _PersonalScore:
         heads, protos, by_family = [], [], {}
         for state_dir, family, test in self.agents:
             model = self.task.build_model(family, seed=engine.settings.init_seed)
-            personal = AgentStateDir(state_dir).read_arrays(personal_model_name(engine.run_id, family))
+            personal = AgentStateDir(state_dir).read_arrays(personal_model_name(engine.run.run_id, family))
             if personal is not None:
                 set_arrays(model, personal)
             embeddings, logits = embed_all(model, test, CPU, normalize)

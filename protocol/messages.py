@@ -27,7 +27,11 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 Round = Annotated[int, Field(ge=0, le=10_000_000)]
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
-Algorithm = Literal["fedavg", "fedprox", "scaffold", "fedproto"]
+Algorithm = Identifier
+"""A federated algorithm's name: an open set (``coordinator.strategies.registry.ALGORITHMS`` on the
+coordinator, ``edge_agent.algorithms.registry.CLIENT_ALGORITHMS`` on agents), so an agent decodes a
+round of an algorithm it does not implement and declines it (``AgentStatus.problem``) instead of
+dropping the announcement as a schema error."""
 Task = Literal["train", "evaluate"]
 """What a round asks of the agents it selects (not to be confused with the user's ``TaskRef``)."""
 
@@ -170,7 +174,9 @@ class RoundAnnouncement(Message):
     """Seconds after ``issued_at``; relative so that skewed device clocks still agree."""
     last_round: Round
     compression: Compression = "none"
-    """How agents compress their delta's float arrays (``protocol.compression.CompressionSpec`` text)."""
+    """How agents compress their delta's float arrays (``protocol.compression.CompressionSpec`` text).
+    An open set of kinds: one this agent does not know decodes, and it answers uncompressed, saying
+    why in ``Update.compression_declined``."""
 
     @model_validator(mode="after")
     def _refs_match_families(self) -> RoundAnnouncement:

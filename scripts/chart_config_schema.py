@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.settings import CoordinatorSettings
-from protocol.compression.spec import KINDS
+from protocol.compression import COMPRESSORS
 from protocol.messages import IDENTIFIER_PATTERN
 
 SCHEMA = Path(__file__).resolve().parents[1] / "helm" / "edgefl-coordinator" / "values.schema.json"
@@ -29,7 +29,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     # Rules the model checks in validators rather than in field constraints.
     "client_id": {"pattern": IDENTIFIER_PATTERN},
     "federation": {"pattern": IDENTIFIER_PATTERN},
-    "compression": {"pattern": "^(" + "|".join(k for k in KINDS if k != "topk") + r"|topk:[0-9.eE+-]+)$"},
+    # none, or a registered compressor: KIND, or KIND:NUMBER for one that takes an argument (topk:F).
+    "compression": {"pattern": "^(" + "|".join(["none", *(e.name + (r":[0-9.eE+-]+" if e.value.argument else "")
+                                                          for e in COMPRESSORS)]) + ")$"},
 }
 """Constraints added on top of the model's field constraints, each mirroring a field validator."""
 

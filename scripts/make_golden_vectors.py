@@ -185,6 +185,12 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
               public_key=key.public_key.to_text(), private_seed_hex=COORDINATOR_SEED.hex(),
               inner_file="round.msgpack", signed_data={"bin": (DOMAIN + hashlib.sha256(round_bytes).digest()).hex()})
 
+    future = announcement.model_copy(update={"round": 4, "algorithm": "fedfuture", "params": {"horizon": 3},
+                                             "compression": "zstd:3"})
+    v.message("round_unknown_names", RoundAnnouncement.model_validate(future.model_dump()), TOPICS.rounds_current, True,
+              "A round of an algorithm (fedfuture) and a compressor (zstd:3) this version does not implement: "
+              "names are open sets, so a receiver decodes it and declines with a reason, it does not refuse it.")
+
     metrics = TrainMetrics(eval_loss=0.5, eval_accuracy=0.75, num_eval_samples=40, train_loss=0.25,
                            train_accuracy=0.875, duration_s=1.5, steps=4, extra={"grad_norm": 0.125})
     common = dict(run_id=RUN_ID, agent_id=AGENT, round=3, task="train", task_ref=TASK, family=FAMILY,

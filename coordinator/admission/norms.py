@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import statistics
 
+from coordinator.admission.decisions import Reject
 from coordinator.aggregation.running_mean import l2_norm
 from coordinator.aggregation.stack import NamedArrays
-from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.reasons import RejectReason
 
 MIN_FOR_MEDIAN = 3
 
@@ -24,15 +25,16 @@ class NormGuard:
         self.reference: dict[str, float] = {}
         self._round: dict[str, list[float]] = {}
 
-    def check(self, family: str, delta: NamedArrays) -> float:
-        """The delta's norm; raises RejectedUpdate(norm_outlier) past ratio x the family's reference."""
+    def check(self, family: str, delta: NamedArrays) -> float | Reject:
+        """The delta's norm, or a ``norm_outlier`` reject past ratio x the family's reference. Reads only."""
         norm = l2_norm(delta)
         reference = self.reference.get(family)
         if self.ratio > 0 and reference is not None and norm > self.ratio * reference:
-            raise RejectedUpdate(RejectReason.NORM_OUTLIER,
-                                 f"delta norm {norm:.4g} is over {self.ratio:g} x the last round's median {reference:.4g}")
+            return Reject(RejectReason.NORM_OUTLIER,
+                          f"delta norm {norm:.4g} is over {self.ratio:g} x the last round's median {reference:.4g}")
         return norm
 
+    # The engine's side: what was accepted, and the round's end.
     def accepted(self, family: str, norm: float) -> None:
         self._round.setdefault(family, []).append(norm)
 

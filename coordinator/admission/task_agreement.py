@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.admission.decisions import Reject
+from coordinator.reasons import RejectReason
 from protocol.arrays import layout_of
 from protocol.messages import AgentStatus, RoundAnnouncement, Update
 from protocol.tasks import TaskCard, layout_fingerprint
@@ -64,24 +65,25 @@ class TaskAgreement:
         self.layouts[family] = layout
         log.info("task %s: family %s has layout %s (from %s)", self.card.ref, family, layout, source)
 
-    def check_update(self, update: Update, announcement: RoundAnnouncement) -> None:
-        """Raise TASK_MISMATCH for an update of another task, or whose payload has another layout."""
+    def check_update(self, update: Update, announcement: RoundAnnouncement) -> Reject | None:
+        """``task_mismatch`` for an update of another task, or whose payload has another layout."""
         if update.task_ref != announcement.task_ref:
-            raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"task {update.task_ref}, the round's is "
+            return Reject(RejectReason.TASK_MISMATCH, f"task {update.task_ref}, the round's is "
                                                              f"{announcement.task_ref}")
         announced = announcement.layouts.get(update.family)
         if announced is None:
-            raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"round {announcement.round} announced no layout for "
+            return Reject(RejectReason.TASK_MISMATCH, f"round {announcement.round} announced no layout for "
                                                              f"family {update.family}")
         arrays = update.weights or update.delta
         if arrays and fingerprint_of(arrays) != announced:
-            raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"{'weights' if update.weights else 'delta'} of layout "
+            return Reject(RejectReason.TASK_MISMATCH, f"{'weights' if update.weights else 'delta'} of layout "
                                                              f"{fingerprint_of(arrays)}, announced {announced}")
         if update.prototypes is not None:
             expected = (self.card.num_classes, self.card.embedding_dim)
             if update.prototypes.shape != expected:
-                raise RejectedUpdate(RejectReason.TASK_MISMATCH, f"prototypes are {list(update.prototypes.shape)}, "
+                return Reject(RejectReason.TASK_MISMATCH, f"prototypes are {list(update.prototypes.shape)}, "
                                                                  f"task {self.card.ref} has {list(expected)}")
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.card.name, "version": self.card.version, "layouts": dict(self.layouts)}

@@ -8,28 +8,37 @@ anything is allocated: a top-k payload of k values declares a shape it would exp
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 import numpy as np
 
-from coordinator.reasons import RejectedUpdate, RejectReason
-from coordinator.strategies.base import FamilyState
+from coordinator.admission.decisions import Reject
+from coordinator.reasons import RejectReason
 from protocol.arrays import layout_of
 from protocol.compression import CompressionSpec, PackedArray, check_packed_layout, raw_bytes, unpack_arrays
 from protocol.messages import Update
 
 
-def unpack_update(update: Update, compression: CompressionSpec, states: Mapping[str, FamilyState]) -> Update:
-    """``update`` with its packed delta (and control delta) decoded into plain arrays; raises
-    RejectedUpdate or ProtocolError."""
+class StateArrays(Protocol):
+    """A family's global state as far as unpacking needs it: the arrays a delta applies to."""
+
+    weights: dict[str, np.ndarray]
+    control: dict[str, np.ndarray]
+
+
+def unpack_update(update: Update, compression: CompressionSpec,
+                  states: Mapping[str, StateArrays]) -> Update | Reject:
+    """``update`` with its packed delta (and control delta) decoded into plain arrays, or why it
+    cannot be; a payload that breaks the wire's own rules raises ProtocolError, as decoding does."""
     if not update.packed_delta and not update.packed_control_delta:
         return update  # uncompressed: always allowed (an agent that cannot compress says so and sends plain)
     kinds = {packed.kind for packed in (*update.packed_delta.values(), *update.packed_control_delta.values())}
     if compression.kind == "none" or kinds != {compression.kind}:
-        raise RejectedUpdate(RejectReason.COMPRESSION_MISMATCH,
-                             f"packed as {', '.join(sorted(kinds))}, the run compresses with {compression}")
+        return Reject(RejectReason.COMPRESSION_MISMATCH,
+                      f"packed as {', '.join(sorted(kinds))}, the run compresses with {compression}")
     state = states.get(update.family)
     if state is None:
-        raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
+        return Reject(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
     delta = _unpacked(update.delta, update.packed_delta, state.weights, "packed delta")
     control = _unpacked(update.control_delta, update.packed_control_delta, state.control, "packed control delta")
     return update.model_copy(update={"delta": delta, "packed_delta": {}, "control_delta": control,

@@ -12,6 +12,7 @@ names, shapes and dtypes; floating values are computed in float64 and rounded on
 | ``trimmed_mean``    | per coordinate, mean without the k = floor(beta n) smallest and largest | only to drop w = 0 |
 | ``krum``            | the update with the lowest Krum score              | only to drop w = 0    |
 | ``multi_krum``      | plain mean of the m lowest-scored updates          | only to drop w = 0    |
+| ``geometric_median`` | argmin_z sum_i L2(z - x_i), by smoothed Weiszfeld | only to drop w = 0    |
 
 Robust rules ignore sample weights on purpose: agents report them, so a Byzantine agent
 could claim any weight. Integer and boolean arrays are never averaged (see each rule).
@@ -23,6 +24,8 @@ Failures raise :class:`AggregationError` with a ``reason`` from :class:`FailureR
 ``bad_weights``, ``layout_mismatch``, ``no_updates``, ``unsupported_dtype``). The round
 engine turns one into a failed round, counted by reason; no rule falls back to averaging.
 Inputs must be finite (the coordinator rejects non-finite updates on receipt).
+
+``registry.py`` lists the rules a coordinator can be configured with (``RULES``).
 """
 
 from coordinator.aggregation.coordinate import coordinate_median, trimmed_mean

@@ -8,14 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregation import (
-    NamedArrays,
-    coordinate_median,
-    krum,
-    multi_krum,
-    trimmed_mean,
-    weighted_mean,
-)
+from coordinator.aggregation import NamedArrays, weighted_mean
+from coordinator.aggregation.registry import RULES, needs_individual_updates
 from coordinator.settings import CoordinatorSettings
 
 AggregateFn = Callable[[Sequence[NamedArrays], Sequence[float]], dict[str, np.ndarray]]
@@ -37,6 +31,14 @@ class Aggregator:
     rule: Callable[..., dict[str, np.ndarray]]
     params: dict[str, Any] = field(default_factory=dict)
     clip_norm: float | None = None
+    needs_individual_updates: bool | None = None
+    """False for a rule that needs only the updates' weighted sum: a round then folds each update in as
+    it arrives. ``build_aggregator`` takes it from the registry entry; None (resolved on construction):
+    False only for the plain weighted mean, as a strategy given ``weighted_mean`` itself expects."""
+
+    def __post_init__(self) -> None:
+        if self.needs_individual_updates is None:
+            object.__setattr__(self, "needs_individual_updates", not (self.rule is weighted_mean and not self.params))
 
     def __call__(self, updates: Sequence[NamedArrays], weights: Sequence[float]) -> dict[str, np.ndarray]:
         if self.clip_norm is None:
@@ -61,17 +63,8 @@ class Aggregator:
 
 
 def build_aggregator(settings: CoordinatorSettings) -> Aggregator:
-    """The aggregator ``settings`` name, with its parameters (validated when settings load)."""
-    f = settings.byzantine_f
-    clip = settings.clip_norm
-    if settings.aggregator == "mean":
-        return Aggregator("mean", weighted_mean, {}, clip)
-    if settings.aggregator == "median":
-        return Aggregator("median", coordinate_median, {"f": f}, clip)
-    if settings.aggregator == "trimmed_mean":
-        return Aggregator("trimmed_mean", trimmed_mean, {"beta": settings.trim_beta, "f": f}, clip)
-    if settings.aggregator == "krum":
-        return Aggregator("krum", krum, {"f": f}, clip)
-    if settings.aggregator == "multi_krum":
-        return Aggregator("multi_krum", multi_krum, {"f": f, "m": settings.multi_krum_m}, clip)
-    raise ValueError(f"unknown aggregator {settings.aggregator!r}")
+    """The rule ``settings.aggregator`` names in the registry, with the settings it reads bound
+    (each validated when the settings load)."""
+    entry = RULES.entry(settings.aggregator)
+    return Aggregator(entry.name, entry.value.fn, entry.value.bind(settings), settings.clip_norm,
+                      needs_individual_updates(entry))

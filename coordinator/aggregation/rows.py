@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.aggregation.stack import NamedArrays
+NamedArrays = Mapping[str, np.ndarray]
+"""One update: array name -> array. Defined here, the lower layer: stack.py reads these rows and imports it."""
 
 log = logging.getLogger(__name__)
 

@@ -10,14 +10,13 @@ are read where they lie (contiguous arrays, as decoded from the wire, are never 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from coordinator.aggregation.errors import AggregationError, FailureReason
-
-NamedArrays = Mapping[str, np.ndarray]
+from coordinator.aggregation.rows import MatrixRow, NamedArrays
 
 BLOCK_BYTES = 8 * 1024 * 1024
 """Default float64 working set of one block, across all rows."""
@@ -243,8 +242,6 @@ class UpdateStack:
 
 def _shared_matrix(rows: Sequence[NamedArrays], float_names: list[str]) -> tuple[np.ndarray | None, np.ndarray]:
     """The one RowMatrix every row lives in, with the rows' indices in it; (None, empty) otherwise."""
-    from coordinator.aggregation.rows import MatrixRow  # rows.py builds on this module
-
     if not rows or not all(isinstance(row, MatrixRow) for row in rows):
         return None, np.empty(0, dtype=np.int64)
     owner = rows[0].rows  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.app.driver import EngineDriver
 from coordinator.app.http_server import HealthServer
 from coordinator.app.inbox import BoundedInbox
 from coordinator.round.engine import RoundEngine
@@ -38,11 +39,10 @@ class CoordinatorService:
         self.metrics = CoordinatorMetrics(registry)
         # One thread aggregates and checkpoints while the loop keeps serving messages and health checks.
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aggregate")
-        self.engine = RoundEngine(
-            settings, build_strategy(settings), self, CheckpointStore(settings.state_dir), self.metrics,
-            on_round_closed=self._round_closed, on_resumed=self._resumed, background=self._background,
-            signing_key=load_or_create_signing_key(settings.signing_key_path),
-        )
+        self.engine = RoundEngine(settings, build_strategy(settings), self.metrics,
+                                  signing_key=load_or_create_signing_key(settings.signing_key_path))
+        self.driver = EngineDriver(self.engine, self, CheckpointStore(settings.state_dir), background=self._background,
+                                   on_round_closed=self._round_closed, on_resumed=self._resumed)
         self._inbox = BoundedInbox(INBOX_BYTES)
         self._link: MqttLink | None = None
         self._restored = False
@@ -50,17 +50,17 @@ class CoordinatorService:
         self.http = HealthServer(settings.http_host, settings.http_port, self.metrics.registry,
                                  self._healthy, self._ready)
 
-    # Outbox for the engine
+    # Outbox for the driver
     def publish(self, topic: str, payload: bytes, *, retain: bool) -> None:
         assert self._link is not None
         self._link.publish(topic, payload, qos=1, retain=retain)
 
     def run(self, stop: threading.Event) -> int:
-        self.engine.restore()
+        self.driver.restore()
         self._restored = True
         self.http.start()
         log.info("serving /metrics, /healthz, /readyz on %s:%d", self.settings.http_host, self.http.port)
-        topics = self.engine.topics
+        topics = self.engine.parts.topics
         self._link = MqttLink(
             self.settings.mqtt_client_id, self.settings.broker_address(),
             on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload), len(payload)),
@@ -86,7 +86,7 @@ class CoordinatorService:
     def _loop(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self._last_loop = time.monotonic()
-            wait = self.engine.tick()
+            wait = self.driver.tick()
             if self.engine.finished and self.settings.exit_when_finished:
                 return
             item = self._inbox.get(timeout=wait)
@@ -99,17 +99,17 @@ class CoordinatorService:
     def _dispatch(self, item: tuple[str, object, object]) -> None:
         kind, first, second = item
         if kind == "message":
-            self.engine.on_message(first, second)  # type: ignore[arg-type]
+            self.driver.on_message(first, second)  # type: ignore[arg-type]
         elif kind == "connected":
             assert isinstance(first, Connection)
             if first.reconnect:
                 self.metrics.reconnects.inc()
                 log.info("reconnected to the broker (session %s)", "kept" if first.session_present else "lost")
-            self.engine.on_connection(True, first.session_present)
+            self.driver.on_connection(True, first.session_present)
         elif kind == "disconnected":
             if self.engine.connected:  # paho may report one loss twice
                 log.warning("lost the broker connection")
-            self.engine.on_connection(False)
+            self.driver.on_connection(False)
 
     def _round_closed(self, summary: RoundSummary) -> None:
         self.rounds_log.append(summary)

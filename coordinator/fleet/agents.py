@@ -58,8 +58,22 @@ class AgentRegistry:
         self.capacity = capacity
         self._agents: OrderedDict[str, AgentRecord] = OrderedDict()
 
+    def refusal(self, agent_id: str, now: float) -> str | None:
+        """Why a status of ``agent_id`` cannot be recorded now (full of live agents), or None. Reads only."""
+        if agent_id in self._agents or len(self._agents) < self.capacity:
+            return None
+        oldest = next(iter(self._agents.values()))
+        if oldest.heard_within(now, self.timeout_s):
+            return f"{len(self._agents)} agents known, all heard within {self.timeout_s:g}s"
+        return None
+
+    def family_of(self, agent_id: str) -> str | None:
+        record = self._agents.get(agent_id)
+        return None if record is None else record.status.family
+
     def observe(self, status: AgentStatus, now: float) -> Observation:
-        """Record ``status`` and say how it differs from the previous one; raises RegistryFull.
+        """Record ``status`` and say how it differs from the previous one; raises RegistryFull
+        (a bug: admission asks :meth:`refusal` first).
 
         Reconnects are counted from the second status of a process on, so that a coordinator
         restart does not count the fleet's earlier reconnects again.
@@ -67,8 +81,9 @@ class AgentRegistry:
         previous = self._agents.get(status.agent_id)
         if previous is None and len(self._agents) >= self.capacity:
             oldest = next(iter(self._agents.values()))
-            if oldest.heard_within(now, self.timeout_s):
-                raise RegistryFull(f"{len(self._agents)} agents known, all heard within {self.timeout_s:g}s")
+            refusal = self.refusal(status.agent_id, now)
+            if refusal is not None:
+                raise RegistryFull(refusal)
             del self._agents[oldest.agent_id]
         restarted = (previous is not None and status.session is not None
                      and previous.status.session is not None and status.session != previous.status.session)

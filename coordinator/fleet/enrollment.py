@@ -93,6 +93,11 @@ class Enrollment:
     def get(self, agent_id: str) -> EnrolledAgent | None:
         return self._by_agent.get(agent_id)
 
+    def max_samples_of(self, agent_id: str) -> int | None:
+        """The sample cap enrolled for this agent; None: none of its own."""
+        enrolled = self._by_agent.get(agent_id)
+        return None if enrolled is None else enrolled.max_samples
+
     def __len__(self) -> int:
         return len(self._by_agent)
 

@@ -17,9 +17,13 @@ being aggregated: finished work is not thrown away.
 
 from __future__ import annotations
 
-from coordinator.policies.base import Admission, AdmissionView, Defer, RoundPolicy, agent_checks, common_checks
+from coordinator.admission.decisions import Accept, Decision, Defer, Reject
+from coordinator.admission.updates import agent_checks
+from coordinator.admission.view import AdmissionView
+from coordinator.policies.base import RoundPolicy
+from coordinator.policies.registry import POLICIES
 from coordinator.policies.synchronous import SynchronousPolicy
-from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.reasons import RejectReason
 from protocol.messages import Update
 from protocol.topics import ParsedTopic
 
@@ -27,6 +31,7 @@ from protocol.topics import ParsedTopic
 class FedBuffPolicy(RoundPolicy):
     name = "async"
     missing_are_stragglers = False  # agents not in a buffer are still training: their work lands in a later one
+    defers = True
 
     def __init__(self, buffer_size: int, max_staleness: int, exponent: float) -> None:
         self.buffer_size = buffer_size
@@ -44,37 +49,48 @@ class FedBuffPolicy(RoundPolicy):
     def wanted(self, task: str, planned: int) -> int:
         return min(self.buffer_size, planned) if task == "train" else planned
 
-    def admit(self, topic: ParsedTopic, update: Update, view: AdmissionView) -> Admission:
+    def decide(self, topic: ParsedTopic, update: Update, view: AdmissionView) -> Decision:
         open_round = view.open_round
         if update.task == "evaluate" or (open_round is not None and open_round.announcement.task == "evaluate"):
-            return self._evaluation.admit(topic, update, view)
-        common_checks(topic, update, view)
+            return self._evaluation.decide(topic, update, view)
         if open_round is None:  # a buffer is being aggregated, or the next version is about to open
             if update.round < view.next_round:
-                raise Defer(f"no buffer open; version {view.next_round} is next")
-            raise RejectedUpdate(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
+                return Defer(f"no buffer open; version {view.next_round} is next")
+            return Reject(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
         staleness = open_round.number - update.round
         if staleness < 0:
-            raise RejectedUpdate(RejectReason.WRONG_ROUND, f"version {update.round}, newest is {open_round.number}")
+            return Reject(RejectReason.WRONG_ROUND, f"version {update.round}, newest is {open_round.number}")
         if staleness > self.max_staleness:
-            raise RejectedUpdate(RejectReason.TOO_STALE, f"trained from version {update.round}, {staleness} behind "
-                                                         f"(at most {self.max_staleness})")
-        if view.family_of(update.agent_id) is None:
-            raise RejectedUpdate(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
+            return Reject(RejectReason.TOO_STALE, f"trained from version {update.round}, {staleness} behind "
+                                                  f"(at most {self.max_staleness})")
+        if view.agents.family_of(update.agent_id) is None:
+            return Reject(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
         buffered = open_round.updates.get(update.agent_id)
         if buffered is not None:
             if buffered.round == update.round:
-                raise RejectedUpdate(RejectReason.DUPLICATE, f"already answered version {update.round}")
-            raise Defer(f"{update.agent_id} is already in this buffer")
-        agent_checks(update, view)
-        view.check_task(update)
-        if staleness:
-            expected = view.version_digest(update.family, update.round)
-            if expected is None:  # a bootstrap (weights, not a delta) once the family has a state, or forgotten
-                raise RejectedUpdate(RejectReason.STALE_BASE, f"version {update.round} of {update.family} had no "
-                                                              f"global state (or it is no longer remembered)")
-            if update.base_digest != expected:
-                raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not version "
-                                                              f"{update.round}'s {expected}")
-        view.check_payload(update, staleness == 0)
-        return Admission(staleness, self.staleness_weight(staleness))
+                return Reject(RejectReason.DUPLICATE, f"already answered version {update.round}")
+            return Defer(f"{update.agent_id} is already in this buffer")
+        problem = agent_checks(update, view) or self._base_problem(update, view, staleness)
+        if problem is None:
+            problem = (view.payloads.check_update if staleness == 0 else view.payloads.check_delta)(update)
+        return problem or Accept(weight=self.staleness_weight(staleness), staleness=staleness)
+
+    @staticmethod
+    def _base_problem(update: Update, view: AdmissionView, staleness: int) -> Reject | None:
+        """A stale update must start from the state its version announced (a current one: checked by the strategy)."""
+        if not staleness:
+            return None
+        expected = view.versions.digest(update.family, update.round)
+        if expected is None:  # a bootstrap (weights, not a delta) once the family has a state, or forgotten
+            return Reject(RejectReason.STALE_BASE, f"version {update.round} of {update.family} had no "
+                                                   f"global state (or it is no longer remembered)")
+        if update.base_digest != expected:
+            return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not version "
+                                                   f"{update.round}'s {expected}")
+        return None
+
+
+POLICIES.register(
+    "async", lambda s: FedBuffPolicy(s.buffer_size, s.max_staleness, s.staleness_exponent),
+    summary="buffered asynchronous aggregation (FedBuff): a new global version every buffer_size updates",
+    settings=("buffer_size", "max_staleness", "staleness_exponent", "round_deadline_s", "quorum_fraction"))

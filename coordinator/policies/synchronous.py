@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from coordinator.policies.base import Admission, AdmissionView, RoundPolicy, agent_checks, common_checks
-from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.admission.decisions import Accept, Decision, Reject
+from coordinator.admission.updates import agent_checks
+from coordinator.admission.view import AdmissionView
+from coordinator.policies.base import RoundPolicy
+from coordinator.policies.registry import POLICIES
+from coordinator.reasons import RejectReason
 from protocol.messages import Update
 from protocol.topics import ParsedTopic
 
@@ -11,25 +15,28 @@ from protocol.topics import ParsedTopic
 class SynchronousPolicy(RoundPolicy):
     name = "sync"
 
-    def admit(self, topic: ParsedTopic, update: Update, view: AdmissionView) -> Admission:
-        common_checks(topic, update, view)
+    def decide(self, topic: ParsedTopic, update: Update, view: AdmissionView) -> Decision:
         open_round = view.open_round
         if open_round is None or update.round < open_round.number:
             if update.round < view.next_round:
-                raise RejectedUpdate(RejectReason.LATE, f"round {update.round} is closed")
-            raise RejectedUpdate(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
+                return Reject(RejectReason.LATE, f"round {update.round} is closed")
+            return Reject(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
         if update.round != open_round.number:
-            raise RejectedUpdate(RejectReason.WRONG_ROUND, f"round {update.round}, open is {open_round.number}")
+            return Reject(RejectReason.WRONG_ROUND, f"round {update.round}, open is {open_round.number}")
         if update.agent_id not in open_round.selected_set:
-            if view.family_of(update.agent_id) is None:
-                raise RejectedUpdate(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
-            raise RejectedUpdate(RejectReason.UNSELECTED, f"not selected for round {update.round}")
+            if view.agents.family_of(update.agent_id) is None:
+                return Reject(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
+            return Reject(RejectReason.UNSELECTED, f"not selected for round {update.round}")
         if update.agent_id in open_round.updates:
-            raise RejectedUpdate(RejectReason.DUPLICATE, f"already answered round {update.round}")
+            return Reject(RejectReason.DUPLICATE, f"already answered round {update.round}")
         if update.task != open_round.announcement.task:
-            raise RejectedUpdate(RejectReason.WRONG_TASK, f"{update.task} answer to a {open_round.announcement.task} round")
-        agent_checks(update, view)
-        view.check_task(update)
-        if update.task == "train":
-            view.check_payload(update, True)
-        return Admission()
+            return Reject(RejectReason.WRONG_TASK, f"{update.task} answer to a {open_round.announcement.task} round")
+        problem = agent_checks(update, view)
+        if problem is None and update.task == "train":
+            problem = view.payloads.check_update(update)
+        return problem or Accept()
+
+
+POLICIES.register("sync", lambda settings: SynchronousPolicy(), summary=(
+    "synchronous rounds: select, collect until the wanted number answered or the deadline, aggregate"),
+    settings=("fraction_fit", "min_fit_agents", "over_selection", "round_deadline_s", "quorum_fraction"))

@@ -2,69 +2,29 @@
 
 The engine decides on its loop thread everything that needs the registry or the clock (who
 answered, who dropped out, whether the quorum was met), then hands a ``Closure`` to a
-background executor, so that a 35 s Krum over thousands of updates or a large checkpoint
-never stops statuses, heartbeats and /healthz from being served. Only the background job
+background job (a ``Background`` action the driver runs), so that a 35 s Krum over thousands of
+updates or a large checkpoint never stops statuses, heartbeats and /healthz from being served. Only the background job
 touches the strategy's states and the checkpoint file while a round closes; the loop applies
 the result (metrics, logs, publishing) once the job is done.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from coordinator.aggregation import AggregationError
-from coordinator.state.rounds import FamilySummary, OpenRound, RoundSummary
-from coordinator.strategies.base import Dropped, Strategy
+from coordinator.round.actions import Background, RoundClosed, Save
+from coordinator.round.broadcast import publish_states, publish_status
+from coordinator.round.closure import Closure
+from coordinator.round.parts import EngineParts
+from coordinator.round.run_state import RunState
+from coordinator.state.checkpoint import CHECKPOINT
+from coordinator.state.rounds import FamilySummary, RoundSummary
+from coordinator.strategies.base import Strategy
 from coordinator.telemetry.evaluation import federated_metrics, metrics_by_family
 
-T = TypeVar("T")
-
-
-class InlineExecutor(Executor):
-    """Runs each job at once on the caller's thread (engine unit tests, with a fake clock)."""
-
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        future: Future[T] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # handed to whoever reads the result, like a thread pool would
-            future.set_exception(exc)
-        return future
-
-
-@dataclass
-class Closure:
-    """What the loop decided about a round as it closed; the rest is done in the background."""
-
-    open_round: OpenRound
-    outcome: str
-    """completed (if aggregation succeeds) | quorum_missed | interrupted"""
-    reason: str | None
-    stragglers: set[str]
-    dropouts: set[str]
-    surplus: set[str]
-    quorum: int
-    population: Mapping[str, int]
-    epsilon_max: float | None
-    budget_exhausted: int
-    next_round: int
-    finished: bool
-    closed_at: float
-    """Wall clock."""
-    collect_s: float
-    detail: str | None = None
-    dropped: list[Dropped] = field(default_factory=list)
-    failure: AggregationError | None = None
-    aggregate_s: float = 0.0
-    checkpoint_s: float = 0.0
-    checkpoint_bytes: int = 0
-    spilled_bytes: int = 0
-    """Bytes of updates a robust rule kept in a memory-mapped file (past the memory budget)."""
-    summary: RoundSummary | None = None
+log = logging.getLogger("coordinator.round.engine")
 
 
 def aggregate(closure: Closure, strategy: Strategy) -> None:
@@ -110,3 +70,104 @@ def with_checkpoint_time(summary: RoundSummary, checkpoint_s: float) -> RoundSum
     summary.checkpoint_s = round(checkpoint_s, 4)
     summary.duration_s = round(summary.duration_s + checkpoint_s, 3)
     return summary
+
+
+def begin_close(parts: EngineParts, run: RunState, now: float, ending: tuple[str, str] | None = None) -> Background:
+    """Decide on the loop what needs the registry and the clock; the rest is the background job.
+
+    The round stops admitting updates here (later ones are late); the next one opens once the
+    job is done and ``finish_close`` applied it.
+    """
+    open_round = run.open
+    assert open_round is not None
+    s = parts.settings
+    quorum = open_round.quorum(s.quorum_fraction, s.min_updates)
+    outcome, reason = ending or ("completed", None)
+    if ending is None and len(open_round.updates) < quorum:
+        outcome, reason = "quorum_missed", f"{len(open_round.updates)} of {quorum} needed answered"
+    missing = set(open_round.selected) - open_round.updates.keys()
+    dropouts = {a for a in missing if a in open_round.went_offline or not parts.registry.is_online(a, now)}
+    # Closed early (enough answered): the rest were over-selected, not late. Asynchronous rounds: still working.
+    late = now >= open_round.deadline and parts.policy.missing_are_stragglers
+    stragglers = missing - dropouts if late else set()
+    next_round = open_round.number + 1
+    closure = Closure(
+        open_round=open_round, outcome=outcome, reason=reason, stragglers=stragglers, dropouts=dropouts,
+        surplus=missing - dropouts - stragglers, quorum=quorum, population=parts.registry.count_by_family(),
+        epsilon_max=parts.privacy.epsilon_max, budget_exhausted=parts.privacy.exhausted, next_round=next_round,
+        finished=open_round.announcement.task == "evaluate" or (next_round > s.rounds and not s.evaluate_final),
+        closed_at=parts.wall_clock(), collect_s=max(0.0, now - open_round.opened),
+    )
+    run.open = None
+    run.next_round = next_round  # updates for the closing round are now late
+    run.closing = True
+    return Background(lambda: close_job(parts, run.run_id, closure))
+
+
+def close_job(parts: EngineParts, run_id: str, closure: Closure) -> Closure:
+    """Off the loop: the only code touching the strategy's states meanwhile. Aggregates, summarises and
+    prepares the checkpoint the driver writes before the engine applies the closure."""
+    strategy = parts.strategy
+    aggregate(closure, strategy)
+    if strategy.rows is not None:
+        closure.spilled_bytes = strategy.rows.spilled_bytes
+    strategy.end_round()
+    closure.summary = summarise(closure)
+    closure.checkpoint = checkpoint(parts, run_id, closure.next_round, closure.finished, closure.summary).data
+    return closure
+
+
+def checkpoint(parts: EngineParts, run_id: str, next_round: int, finished: bool,
+               last_summary: RoundSummary | None) -> Save:
+    """What resuming needs, and no more: its size does not grow with the run (the rounds log does)."""
+    return Save(CHECKPOINT, {
+        "run_id": run_id, "algorithm": parts.strategy.algorithm, "next_round": next_round,
+        "finished": finished, "strategy": parts.strategy.state_dict(), "task": parts.task.state_dict(),
+        "versions": parts.versions.state_dict(),
+        "last_summary": None if last_summary is None else last_summary.to_dict(),
+    }, checkpoint=True)
+
+
+def finish_close(parts: EngineParts, run: RunState, closure: Closure) -> None:
+    """On the loop, once the job is done and the checkpoint written: metrics, logs, the final states."""
+    assert closure.summary is not None
+    run.closing = False
+    summary = with_checkpoint_time(closure.summary, closure.checkpoint_s)
+    m = parts.metrics
+    m.aggregation_spilled.set(closure.spilled_bytes)
+    if closure.failure is not None:
+        log.error("round %d failed to aggregate with %s: %s", summary.round, parts.strategy.aggregator.describe(),
+                  closure.failure)
+        m.aggregation_failures.labels(closure.failure.reason).inc()
+    elif closure.open_round.announcement.task == "train" and closure.outcome == "completed":
+        m.aggregation_duration.observe(closure.aggregate_s)
+    for drop in closure.dropped:
+        parts.rejects.record("update", drop.reason.value, drop.agent_id, drop.detail)
+    run.last_summary = summary
+    run.finished = closure.finished
+    parts.versions.record(parts.strategy.states, run.next_round)  # what the next announcement carries
+    parts.norms.close_round(completed=summary.outcome == "completed" and summary.task == "train")
+    m.record_round(summary, finished=run.finished)
+    s = parts.settings
+    parts.heterogeneity.update(parts.labels, s.kl_temperature if s.weighting == "kl" else None)
+    _log_round(summary, closure.stragglers, closure.dropouts)
+    parts.actions.add(RoundClosed(summary))
+    if run.finished:
+        publish_states(parts, run)  # the final model, for whoever fetches it
+        publish_status(parts, run, "finished")
+        log.info("run %s finished after round %d", run.run_id, summary.round)
+
+
+def _log_round(summary: RoundSummary, stragglers: set[str], dropouts: set[str]) -> None:
+    acc = "-" if summary.accuracy is None else f"{summary.accuracy:.4f}"
+    log.info("round %d %s: %d/%d answered (%d straggling, %d dropped, %d surplus), accuracy %s, %.1fs%s",
+             summary.round, summary.outcome, summary.answered, summary.selected, len(stragglers),
+             len(dropouts), summary.surplus, acc, summary.duration_s,
+             f" ({summary.reason})" if summary.reason else "")
+    if stragglers or dropouts:  # a few names help; ten thousand do not
+        log.info("round %d missing: straggling %s, dropped %s", summary.round, _some(stragglers), _some(dropouts))
+
+
+def _some(agents: set[str], shown: int = 20) -> str:
+    names = sorted(agents)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

@@ -1,13 +1,16 @@
-"""Everything the coordinator publishes goes out here: signed, counted, chunked where it must be."""
+"""Everything the coordinator publishes goes out here: signed, counted, chunked where it must be.
+
+The publisher writes into the engine's ``Actions``; the driver puts them on the broker.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol
 
 import numpy as np
 
-from coordinator.state.retained import RetainedStates
+from coordinator.round.actions import Actions, Save
+from coordinator.state.retained import RETAINED, RetainedStates
 from coordinator.strategies.base import FamilyState
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.compression import raw_bytes
@@ -18,14 +21,10 @@ from protocol.transport.chunking import split_payload
 from protocol.wire import encode_message
 
 
-class Outbox(Protocol):
-    def publish(self, topic: str, payload: bytes, *, retain: bool) -> None: ...
-
-
 class Publisher:
-    def __init__(self, outbox: Outbox, metrics: CoordinatorMetrics, topics: Topics, retained: RetainedStates,
+    def __init__(self, actions: Actions, metrics: CoordinatorMetrics, topics: Topics, retained: RetainedStates,
                  signing_key: SigningKey | None, max_message_bytes: int) -> None:
-        self.outbox = outbox
+        self.actions = actions
         self.metrics = metrics
         self.topics = topics
         self.retained = retained
@@ -38,7 +37,7 @@ class Publisher:
         return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
 
     def publish(self, topic: str, payload: bytes, kind: str, *, retain: bool) -> int:
-        self.outbox.publish(topic, payload, retain=retain)
+        self.actions.publish(topic, payload, retain=retain)
         self.metrics.bytes_sent.labels(kind).inc(len(payload))
         self.metrics.messages_sent.labels(kind).inc()
         return len(payload)
@@ -60,7 +59,9 @@ class Publisher:
                 for topic in self.topics.global_state_topics(family, old_round, old_chunks):
                     if topic not in in_use:
                         self.publish(topic, b"", "global_state", retain=True)
-        self.retained.save()
+        record = self.retained.unsaved()
+        if record is not None:  # after the clearing above: a crash before it still finds them recorded
+            self.actions.add(Save(RETAINED, record))
         return sent
 
     def status(self, status: CoordinatorStatus) -> None:

@@ -9,8 +9,7 @@ clearing, or a new run started in the same state directory, still clears what it
 from __future__ import annotations
 
 import logging
-
-from coordinator.state.checkpoint import CheckpointStore
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -18,22 +17,21 @@ RETAINED = "retained"
 
 
 class RetainedStates:
-    def __init__(self, store: CheckpointStore) -> None:
-        self.store = store
+    def __init__(self) -> None:
         self.on_broker: dict[str, tuple[int, int]] = {}
         """family -> (round, chunks) of the global state retained for it (as far as this coordinator knows);
         a state in n > 1 chunks is retained on n chunk topics."""
         self._sent_this_connection: dict[str, tuple[int, str]] = {}
         self._dirty = False
 
-    def load(self) -> None:
-        saved = self.store.load(RETAINED)
+    def load(self, saved: dict[str, Any] | None) -> None:
+        """Resume from the record written by :meth:`unsaved` (state file ``retained``)."""
         if saved is None:
             return
         rounds, chunks = saved.get("rounds"), saved.get("chunks", {})  # "chunks" since 2026-12
         if not isinstance(rounds, dict) or not all(isinstance(r, int) for r in rounds.values()) \
                 or not isinstance(chunks, dict) or not all(isinstance(c, int) and c >= 1 for c in chunks.values()):
-            log.warning("ignoring %s: not a family -> round map", self.store.path(RETAINED))
+            log.warning("ignoring the state file %s: not a family -> round map", RETAINED)
             return
         self.on_broker = {str(f): (int(r), int(chunks.get(f, 1))) for f, r in rounds.items()}
 
@@ -49,7 +47,7 @@ class RetainedStates:
 
         Returns what to clear, as (round, chunks) of :meth:`Topics.global_state_topics`: the state it
         supersedes, or, for the same round republished differently, the topics no longer used. Call
-        :meth:`save` once they are cleared: until then the record still names them, so a crash in
+        :meth:`unsaved` once they are cleared: until then the record still names them, so a crash in
         between clears them after the restart.
         """
         self._sent_this_connection[family] = (round_number, digest)
@@ -64,8 +62,10 @@ class RetainedStates:
             return [previous]  # another round, or chunk topics against the plain one: clear all it used
         return [previous] if previous[1] > chunks else []  # fewer chunks now: the caller skips those in use
 
-    def save(self) -> None:
-        if self._dirty:
-            self.store.save(RETAINED, {"rounds": {f: r for f, (r, _) in self.on_broker.items()},
-                                       "chunks": {f: c for f, (_, c) in self.on_broker.items()}})
-            self._dirty = False
+    def unsaved(self) -> dict[str, Any] | None:
+        """The record to write (as state file ``retained``) if it changed since the last call, else None."""
+        if not self._dirty:
+            return None
+        self._dirty = False
+        return {"rounds": {f: r for f, (r, _) in self.on_broker.items()},
+                "chunks": {f: c for f, (_, c) in self.on_broker.items()}}

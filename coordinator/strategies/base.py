@@ -10,12 +10,14 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from coordinator.aggregation import AggregationError, FailureReason, weighted_mean
+from coordinator.admission.decisions import Reject
+from coordinator.aggregation import AggregationError, FailureReason
 from coordinator.aggregation.aggregator import AggregateFn, Aggregator
-from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.reasons import RejectReason
 from coordinator.strategies.accumulators import FOLD_RULES, RoundFolds, RoundRows
 from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.compression import half_precision
+from protocol.errors import ProtocolError
 from protocol.messages import Algorithm, GlobalState, Update
 
 StatePrecision = Literal["float32", "float16"]
@@ -114,7 +116,7 @@ class Strategy(ABC):
         self.weights = {}
         if not self.folds_payloads:
             return
-        if self.aggregator.rule is weighted_mean and not self.aggregator.params:
+        if not self.aggregator.needs_individual_updates:  # the mean: its running sum is enough
             self.folds = RoundFolds(self.aggregator.clip_norm)
         else:
             self.rows = RoundRows(capacity, memory_budget_bytes, spill_dir)
@@ -161,29 +163,27 @@ class Strategy(ABC):
         """Algorithm hyper-parameters announced with the round."""
         return {}
 
-    def check_update(self, update: Update) -> None:
-        """Raise unless ``update`` carries what this round asked of its family."""
+    def check_update(self, update: Update) -> Reject | None:
+        """Why ``update`` does not carry what this round asked of its family, or None."""
         state = self.states.get(update.family)
         if state is None:
-            self._check_bootstrap(update)
-            return
-        check_base(update, state)
-        self.check_delta(update)
+            return self._check_bootstrap(update)
+        return check_base(update, state) or self.check_delta(update)
 
-    def check_delta(self, update: Update) -> None:
+    def check_delta(self, update: Update) -> Reject | None:
         """The delta's layout against the family's current state, whatever version it started from
         (asynchronous rounds check a stale update's base against that version instead)."""
         state = self.states.get(update.family)
         if state is None:
-            self._check_bootstrap(update)
-            return
+            return self._check_bootstrap(update)
         if not update.delta:
-            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
-        check_layout(update.delta, layout_of(state.weights), "delta")
+            return Reject(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
+        return layout_problem(update.delta, state.weights, "delta")
 
-    def _check_bootstrap(self, update: Update) -> None:
+    def _check_bootstrap(self, update: Update) -> Reject | None:
         if not update.weights:
-            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
+            return Reject(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
+        return None
 
     @abstractmethod
     def aggregate(self, round_number: int, updates: Sequence[Update],
@@ -233,10 +233,20 @@ def majority_by(updates: Sequence[Update], key: Callable[[Update], Hashable],
     return best, dropped
 
 
-def check_base(update: Update, state: FamilyState | None) -> None:
+def check_base(update: Update, state: FamilyState | None) -> Reject | None:
     """The update must start from the state the round announced for its family."""
     if state is not None and update.base_digest != state.digest:
-        raise RejectedUpdate(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
+        return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {state.digest}")
+    return None
+
+
+def layout_problem(arrays: Mapping[str, np.ndarray], like: Mapping[str, np.ndarray], what: str) -> Reject | None:
+    """``bad_shape`` (the protocol's reason) unless ``arrays`` has the names, shapes and dtypes of ``like``."""
+    try:
+        check_layout(arrays, layout_of(like), what)
+    except ProtocolError as exc:
+        return Reject(exc.reason, exc.detail)
+    return None
 
 
 def group_by_family(updates: Sequence[Update]) -> dict[str, list[Update]]:

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from coordinator.aggregation.aggregator import AggregateFn, Aggregator
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_aggregator
+from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
 from protocol.messages import Update
 
@@ -54,3 +55,8 @@ class FedAvg(Strategy):
             new_states[family] = self.new_state(round_number + 1, merged)
         self.states.update(new_states)  # only once every family aggregated: a failure changes nothing
         return dropped
+
+
+def build(settings: CoordinatorSettings) -> FedAvg:
+    """The ``fedavg`` entry of ``coordinator/strategies/registry.py``."""
+    return FedAvg(build_aggregator(settings), server_learning_rate=settings.server_learning_rate)

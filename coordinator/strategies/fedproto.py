@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregation.aggregator import AggregateFn, Aggregator
-from coordinator.reasons import RejectedUpdate, RejectReason
+from coordinator.admission.decisions import Reject
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_aggregator
+from coordinator.reasons import RejectReason
+from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, check_base, majority_by
 from protocol.messages import Update
 
@@ -101,15 +103,18 @@ class FedProto(Strategy):
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:
         return {"lambda": self.scheduled_lambda(round_number), "normalize": self.normalize}
 
-    def check_update(self, update: Update) -> None:
-        check_base(update, self.states.get(update.family))
+    def check_update(self, update: Update) -> Reject | None:
+        stale = check_base(update, self.states.get(update.family))
+        if stale is not None:
+            return stale
         if update.prototypes is None or update.prototype_counts is None:
-            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
+            return Reject(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
         if update.prototypes.dtype != PROTOTYPE_DTYPE:
-            raise RejectedUpdate(RejectReason.BAD_SHAPE, f"prototypes must be float32, got {update.prototypes.dtype}")
+            return Reject(RejectReason.BAD_SHAPE, f"prototypes must be float32, got {update.prototypes.dtype}")
         if self.prototypes is not None and update.prototypes.shape != self.prototypes.shape:
-            raise RejectedUpdate(RejectReason.BAD_SHAPE, f"prototypes are {list(update.prototypes.shape)}, "
-                                                         f"expected {list(self.prototypes.shape)}")
+            return Reject(RejectReason.BAD_SHAPE, f"prototypes are {list(update.prototypes.shape)}, "
+                                                  f"expected {list(self.prototypes.shape)}")
+        return None
 
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
@@ -177,3 +182,9 @@ def report_drift(round_number: int, updates: Sequence[Update]) -> list[str]:
         log.warning("round %d: prototypes of %s lie over %.0fx the median distance (%.3f) from the global ones",
                     round_number, ", ".join(drifting), DRIFT_FACTOR, median)
     return drifting
+
+
+def build(settings: CoordinatorSettings) -> FedProto:
+    """The ``fedproto`` entry of ``coordinator/strategies/registry.py``."""
+    return FedProto(build_aggregator(settings), settings.proto_lambda, warmup_rounds=settings.proto_warmup_rounds,
+                    momentum=settings.proto_momentum, normalize=settings.proto_normalize)

@@ -6,7 +6,8 @@ the agents' local objective follows the coordinator's setting. With ``mu = 0`` i
 
 from __future__ import annotations
 
-from coordinator.aggregation.aggregator import AggregateFn, Aggregator
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_aggregator
+from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.fedavg import FedAvg
 
 
@@ -21,3 +22,8 @@ class FedProx(FedAvg):
 
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:
         return {"mu": self.mu}
+
+
+def build(settings: CoordinatorSettings) -> FedProx:
+    """The ``fedprox`` entry of ``coordinator/strategies/registry.py``."""
+    return FedProx(build_aggregator(settings), mu=settings.prox_mu, server_learning_rate=settings.server_learning_rate)

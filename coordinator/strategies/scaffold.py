@@ -24,23 +24,26 @@ from typing import Any
 
 import numpy as np
 
-from coordinator.aggregation.aggregator import AggregateFn, Aggregator
-from coordinator.reasons import RejectedUpdate, RejectReason
-from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
+from coordinator.admission.decisions import Reject
+from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_aggregator
+from coordinator.reasons import RejectReason
+from coordinator.settings import CoordinatorSettings
+from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, layout_problem
 from coordinator.strategies.fedavg import apply_delta
-from protocol.arrays import check_layout, layout_of
 from protocol.messages import Update
 
 
-def check_control_names(control: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], what: str) -> None:
-    """Raise unless every control array is a floating array named and shaped like a weight."""
+def check_control_names(control: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                        what: str) -> Reject | None:
+    """Why not every control array is a floating array named and shaped like a weight, or None."""
     for name, array in control.items():
         if name not in weights:
-            raise RejectedUpdate(RejectReason.BAD_SHAPE, f"{what}: {name} is no parameter of the model")
+            return Reject(RejectReason.BAD_SHAPE, f"{what}: {name} is no parameter of the model")
         if array.shape != weights[name].shape or array.dtype != weights[name].dtype or array.dtype.kind != "f":
-            raise RejectedUpdate(RejectReason.BAD_SHAPE,
-                                 f"{what}: {name} is {array.dtype.str}{list(array.shape)}, "
-                                 f"the parameter {weights[name].dtype.str}{list(weights[name].shape)}")
+            return Reject(RejectReason.BAD_SHAPE,
+                          f"{what}: {name} is {array.dtype.str}{list(array.shape)}, "
+                          f"the parameter {weights[name].dtype.str}{list(weights[name].shape)}")
+    return None
 
 
 class Scaffold(Strategy):
@@ -52,15 +55,16 @@ class Scaffold(Strategy):
             raise ValueError(f"scaffold's global learning rate must be positive, got {server_learning_rate}")
         self.server_learning_rate = server_learning_rate
 
-    def check_update(self, update: Update) -> None:
-        super().check_update(update)
+    def check_update(self, update: Update) -> Reject | None:
+        problem = super().check_update(update)
+        if problem is not None:
+            return problem
         if not update.control_delta:
-            raise RejectedUpdate(RejectReason.MISSING_PAYLOAD, "a scaffold update must carry a control_delta")
+            return Reject(RejectReason.MISSING_PAYLOAD, "a scaffold update must carry a control_delta")
         state = self.states.get(update.family)
         if state is None:
-            check_control_names(update.control_delta, update.weights, "control_delta")
-        else:
-            check_layout(update.control_delta, layout_of(state.control), "control_delta")
+            return check_control_names(update.control_delta, update.weights, "control_delta")
+        return layout_problem(update.control_delta, state.control, "control_delta")
 
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
@@ -89,7 +93,11 @@ class Scaffold(Strategy):
     def load_state_dict(self, data: dict[str, Any]) -> None:
         super().load_state_dict(data)
         for family, state in self.states.items():
-            try:
-                check_control_names(state.control, state.weights, f"checkpointed control of {family}")
-            except RejectedUpdate as exc:
-                raise ValueError(exc.detail) from None
+            problem = check_control_names(state.control, state.weights, f"checkpointed control of {family}")
+            if problem is not None:
+                raise ValueError(problem.detail)
+
+
+def build(settings: CoordinatorSettings) -> Scaffold:
+    """The ``scaffold`` entry of ``coordinator/strategies/registry.py``."""
+    return Scaffold(build_aggregator(settings), server_learning_rate=settings.server_learning_rate)

@@ -116,6 +116,16 @@ class LabelSkew:
     def __contains__(self, agent_id: object) -> bool:
         return agent_id in self._agents
 
+    def label_problem(self, status: AgentStatus) -> str | None:
+        """Why the status's label counts cannot be recorded (another label space, a wrong sum), or None."""
+        if status.label_counts is None:
+            return None
+        try:
+            self._checked(status.agent_id, status.label_counts, status.num_samples)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
     def observe_status(self, status: AgentStatus) -> None:
         self.observe(status.agent_id, device=status.device, num_samples=status.num_samples,
                      label_counts=status.label_counts)

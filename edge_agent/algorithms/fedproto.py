@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from edge_agent.algorithms.base import AlgorithmParams, ClientAlgorithm
+from edge_agent.algorithms.registry import register_client
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.prototypes import class_prototypes, embed_all, nearest_prototype, prototype_distance, unit_rows
@@ -128,3 +129,6 @@ class FedProtoClient(ClientAlgorithm):
             if distance is not None:
                 out["proto_distance"] = distance
         return out
+
+
+register_client(FedProtoClient, summary="a personal model aligned to the global prototypes; sends only prototypes", payloads=("prototypes",))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from edge_agent.algorithms.base import AlgorithmParams, ClientAlgorithm
+from edge_agent.algorithms.registry import register_client
 from edge_agent.models import FedModel
 from protocol.messages import GlobalState
 
@@ -35,3 +36,6 @@ class FedProxClient(ClientAlgorithm):
         for name, p in model.named_parameters():
             if p.grad is not None and name in self._anchor:
                 p.grad.add_(p.detach() - self._anchor[name], alpha=mu)
+
+
+register_client(FedProxClient, summary="local SGD plus the proximal term mu/2 ||w - w_start||^2", payloads=("weights", "delta"))

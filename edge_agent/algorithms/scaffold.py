@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from edge_agent.algorithms.base import ClientAlgorithm, model_fields, parameter_names
+from edge_agent.algorithms.registry import register_client
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.training import TrainResult
@@ -113,3 +114,6 @@ class ScaffoldClient(ClientAlgorithm):
         arrays = {_ROUND: np.array(self.context.round, dtype=np.int64)}
         arrays |= {_BEFORE + k: v for k, v in before.items()} | {_AFTER + k: v for k, v in after.items()}
         self.state.write_arrays(self.state_name, arrays)
+
+
+register_client(ScaffoldClient, summary="plain SGD steps corrected by c - c_i; sends the delta and its control delta", payloads=("weights", "delta", "control"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -16,7 +17,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from edge_agent.data.datasets import Dataset
 from edge_agent.data.sources.label_space import class_index, known
-from edge_agent.data.sources.report import DataSourceError
+from edge_agent.data.sources.registry import SOURCES, DataSource, SourceRequest
+from edge_agent.data.sources.report import DataSourceError, LoadReport
 
 BASIC_MOTIONS_CLASSES = ("standing", "walking", "running", "badminton")
 _PACKAGES = ("sktime", "aeon")
@@ -95,3 +97,24 @@ def motion_windows(x: np.ndarray, labels: Sequence[str], classes: Sequence[str],
     windows = np.ascontiguousarray(cut.transpose(0, 2, 1, 3).reshape(-1, x.shape[1], window), dtype=np.float32)
     y = np.repeat(np.asarray([index[label] for label in labels], dtype=np.int64), per)
     return Dataset(windows, y, len(classes), name)
+
+
+SETS = {"basic-motions": "train", "basic-motions:test": "test"}
+"""The data-source names of the two splits."""
+
+
+@lru_cache(maxsize=2)
+def _windows(split: str, classes: tuple[str, ...], window: int, stride: int) -> Dataset:
+    x, labels = load_basic_motions(split)  # type: ignore[arg-type]
+    return motion_windows(x, labels, classes, window=window, stride=stride)
+
+
+def _load_set(source: str, request: SourceRequest) -> tuple[Dataset, LoadReport]:
+    shape = request.shape
+    return _windows(SETS[source], tuple(request.classes), shape["window"], shape["stride"]), LoadReport()
+
+
+SOURCES.register(
+    "basic_motions", DataSource(SETS.__contains__, _load_set, form=", ".join(SETS)),
+    summary="BasicMotions smartwatch recordings from sktime's data files, cut into overlapping windows",
+    kinds=("windows",), tasks=("basic-motions",))

@@ -13,6 +13,7 @@ import numpy as np
 
 from edge_agent.data.datasets import Dataset
 from edge_agent.data.sources.label_space import class_index, known
+from edge_agent.data.sources.registry import SOURCES, DataSource
 from edge_agent.data.sources.report import DataSourceError, LoadReport
 
 
@@ -83,3 +84,11 @@ def load_image_folder(root: Path, classes: Sequence[str], *, size: tuple[int, in
                               f"for classes {known(classes)}")
     x = np.stack(images).astype(np.float32, copy=False)
     return Dataset(x, np.asarray(labels, dtype=np.int64), len(classes), name or root.name), report
+
+
+SOURCES.register(
+    "image_folder", DataSource(lambda source: Path(source).is_dir(),
+                               lambda source, request: load_image_folder(Path(source), request.classes,
+                                                                         **request.shape),
+                               form="a folder of images in class sub-folders"),
+    summary="images in root/<class name>/ folders, decoded with Pillow and resized", kinds=("images",))

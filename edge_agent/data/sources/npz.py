@@ -13,6 +13,7 @@ import numpy as np
 
 from edge_agent.data.datasets import Dataset
 from edge_agent.data.sources.label_space import class_index
+from edge_agent.data.sources.registry import SOURCES, DataSource
 from edge_agent.data.sources.report import DataSourceError, LoadReport
 
 
@@ -81,3 +82,15 @@ def load_npz(path: Path, classes: Sequence[str], *, name: str | None = None,
     if len(y) != len(x) or len(y) == 0:
         raise DataSourceError(f"{path}: {len(x)} inputs but {len(y)} labels; need one label per sample and >= 1 sample")
     return Dataset(x, y, len(classes), name or path.stem), LoadReport()
+
+
+def _is_npz(source: str) -> bool:
+    path = Path(source)
+    return path.suffix == ".npz" and path.is_file()
+
+
+SOURCES.register(
+    "npz", DataSource(_is_npz, lambda source, request: load_npz(Path(source), request.classes,
+                                                                windows=request.kind == "windows"),
+                      form="an existing .npz file"),
+    summary="arrays saved with np.savez: x (or images) and y (or labels)", kinds=("images", "windows"))

@@ -17,6 +17,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from edge_agent.data.datasets import Dataset
 from edge_agent.data.sources.label_space import class_index, known
+from edge_agent.data.sources.registry import SOURCES, DataSource, SourceRequest
 from edge_agent.data.sources.report import DataSourceError, LoadReport
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -151,3 +152,20 @@ def load_sensor_windows(path: Path, classes: Sequence[str], *, channels: Sequenc
                               "check the file or use a smaller window")
     x = np.ascontiguousarray(np.concatenate(xs), dtype=np.float32)
     return Dataset(x, np.concatenate(ys), len(classes), name or path.stem), report
+
+
+def _is_table(source: str) -> bool:
+    path = Path(source)
+    return path.suffix in (".csv", ".parquet") and path.is_file()
+
+
+def _load_table(source: str, request: SourceRequest) -> tuple[Dataset, LoadReport]:
+    shape = request.shape
+    return load_sensor_windows(Path(source), request.classes, channels=shape["columns"], window=shape["window"],
+                               stride=shape["stride"])
+
+
+SOURCES.register(
+    "sensor_windows", DataSource(_is_table, _load_table, form="an existing .csv or .parquet file"),
+    summary="sensor readings in a CSV or Parquet table (a row a time step, a label column), cut into windows",
+    kinds=("windows",))

@@ -9,13 +9,10 @@ of a test recording is ever trained on. Sources: ``basic-motions`` / ``basic-mot
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import torch
 from torch import nn
 
 from edge_agent.data.datasets import Dataset
-from edge_agent.data.sources import load_basic_motions, motion_windows
 from edge_agent.models import FedModel
 from edge_agent.tasks.base import DataContext, Task
 from edge_agent.tasks.builtin.sources import load_sensor_source
@@ -62,20 +59,9 @@ def mlp() -> FedModel:
     return FedModel.with_linear_head(features, dim, CARD.num_classes)
 
 
-@lru_cache(maxsize=2)
-def _windows(split: str) -> Dataset:
-    x, labels = load_basic_motions(split)  # type: ignore[arg-type]
-    return motion_windows(x, labels, CARD.classes, window=WINDOW, stride=STRIDE)
-
-
-_BUILTIN = {
-    "basic-motions": lambda c: _windows("train"),
-    "basic-motions:test": lambda c: _windows("test"),
-}
-
-
 def _load(source: str, context: DataContext) -> Dataset:
-    return load_sensor_source(source, context, builtin=_BUILTIN, columns=AXES, window=WINDOW, stride=STRIDE)
+    # basic-motions and basic-motions:test come from the basic_motions data source (offered to this task only)
+    return load_sensor_source(source, context, builtin={}, columns=AXES, window=WINDOW, stride=STRIDE, task=CARD.name)
 
 
 task = Task(

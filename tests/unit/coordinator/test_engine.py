@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
+from coordinator.app.driver import EngineDriver
 from coordinator.round.engine import RoundEngine
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.checkpoint import CheckpointStore
@@ -42,21 +43,23 @@ class Outbox:
         return [p for t, p, _ in self.sent if t == topic][-1]
 
 
-def make_engine(tmp_path: Path, clock: Clock, **overrides: object) -> tuple[RoundEngine, Outbox, CoordinatorMetrics]:
+def make_engine(tmp_path: Path, clock: Clock, **overrides: object) -> tuple[EngineDriver, Outbox, CoordinatorMetrics]:
+    """The engine with a driver that performs its actions at once: publishing into ``Outbox``, state files
+    into the state directory, and a closing round's job inline."""
     fields: dict[str, object] = {"federation": "t", "state_dir": tmp_path / "state", "rounds": 3,
                                  "min_available_agents": 2, "min_fit_agents": 2, "round_deadline_s": 10.0, "enrollment": "open",
                                  "quorum_fraction": 0.5, **overrides}
     settings = CoordinatorSettings(**fields)
     metrics = CoordinatorMetrics(CollectorRegistry())
     outbox = Outbox()
-    engine = RoundEngine(settings, build_strategy(settings), outbox, CheckpointStore(settings.state_dir), metrics,
-                         clock=clock, wall_clock=clock)
-    engine.restore()
-    engine.on_connection(True)
-    return engine, outbox, metrics
+    engine = RoundEngine(settings, build_strategy(settings), metrics, clock=clock, wall_clock=clock)
+    driver = EngineDriver(engine, outbox, CheckpointStore(settings.state_dir))
+    driver.restore()
+    driver.on_connection(True)
+    return driver, outbox, metrics
 
 
-def hello(engine: RoundEngine, agent_id: str, family: str = "f", model: str | None = None) -> None:
+def hello(engine: EngineDriver, agent_id: str, family: str = "f", model: str | None = None) -> None:
     """``model``: the layout the agent reports; default: that of the ``weights`` it sends."""
     status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
                          num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=model or LAYOUT)
@@ -71,17 +74,17 @@ LAYOUT = layout(weights(0.0))
 """What every agent of these tests reports: the layout of the arrays it sends."""
 
 
-def update(engine: RoundEngine, agent_id: str, round_number: int, samples: int = 10, **payload: object) -> Update:
+def update(engine: EngineDriver, agent_id: str, round_number: int, samples: int = 10, **payload: object) -> Update:
     announcement = decode_message(engine.outbox.last(TOPICS.rounds_current), RoundAnnouncement)  # type: ignore[attr-defined]
     ref = announcement.states.get("f")
     fields: dict[str, object] = {"weights": weights(1.0)} if ref is None else {"delta": weights(0.5)}
     fields.update(payload)
-    return Update(run_id=engine.run_id, agent_id=agent_id, round=round_number, task=announcement.task, task_ref=DIGITS,
+    return Update(run_id=engine.run.run_id, agent_id=agent_id, round=round_number, task=announcement.task, task_ref=DIGITS,
                   family="f", base_digest=ref.digest if ref else None, num_samples=samples,
                   metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2), **fields)
 
 
-def send(engine: RoundEngine, message: Update, topic_agent: str | None = None, topic_round: int | None = None) -> None:
+def send(engine: EngineDriver, message: Update, topic_agent: str | None = None, topic_round: int | None = None) -> None:
     engine.on_message(TOPICS.update(topic_agent or message.agent_id, message.round if topic_round is None else topic_round),
                       encode_message(message))
 
@@ -210,7 +213,7 @@ def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
     digest = engine.strategy.states["f"].digest
 
     again, outbox, _ = make_engine(tmp_path, clock)
-    assert again.run_id == engine.run_id
+    assert again.run.run_id == engine.run.run_id
     assert again.open is not None and again.open.number == 2  # deadline not passed: same round continues
     assert again.strategy.states["f"].digest == digest
     assert again.last_summary is not None and again.last_summary.round == 1
@@ -218,7 +221,7 @@ def test_restart_resumes_from_the_checkpoint(tmp_path: Path) -> None:
 
     clock.now += 60  # restarted after the deadline, without a grace period: closed as interrupted, numbers move on
     third, _, _ = make_engine(tmp_path, clock, resume_grace_s=0.0)
-    assert third.last_summary is not None and third.last_summary.outcome == "interrupted" and third.next_round == 3 and third.open is None
+    assert third.last_summary is not None and third.last_summary.outcome == "interrupted" and third.run.next_round == 3 and third.open is None
 
 
 def test_a_different_algorithm_refuses_the_checkpoint(tmp_path: Path) -> None:

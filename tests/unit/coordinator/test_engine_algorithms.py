@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coordinator.round.engine import RoundEngine
+from coordinator.app.driver import EngineDriver
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.tasks import BUILTIN_CARDS
 from protocol.wire import decode_message, encode_message
@@ -14,20 +14,20 @@ from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, make_engine, rejected, weights
 
 
-def hello(engine: RoundEngine, agent_id: str, family: str) -> None:
+def hello(engine: EngineDriver, agent_id: str, family: str) -> None:
     status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
                          num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
     engine.on_message(TOPICS.agent_status(agent_id), encode_message(status))
 
 
-def current(engine: RoundEngine) -> RoundAnnouncement:
+def current(engine: EngineDriver) -> RoundAnnouncement:
     return decode_message(engine.outbox.last(TOPICS.rounds_current), RoundAnnouncement)  # type: ignore[attr-defined]
 
 
-def send(engine: RoundEngine, agent_id: str, family: str, **payload: object) -> None:
+def send(engine: EngineDriver, agent_id: str, family: str, **payload: object) -> None:
     announcement = current(engine)
     ref = announcement.states.get(family)
-    update = Update(run_id=engine.run_id, agent_id=agent_id, round=announcement.round, task="train", task_ref=DIGITS,
+    update = Update(run_id=engine.run.run_id, agent_id=agent_id, round=announcement.round, task="train", task_ref=DIGITS,
                     family=family, base_digest=ref.digest if ref else None, num_samples=10, metrics=TrainMetrics(),
                     **payload)  # type: ignore[arg-type]
     engine.on_message(TOPICS.update(agent_id, announcement.round), encode_message(update))

@@ -40,7 +40,7 @@ def test_only_enrolled_agents_by_their_own_keys_enter_the_registry(tmp_path: Pat
         agent_id="x", state="online", device="rpi", family="f", num_samples=1, num_eval_samples=1, version="t",
         timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)))
     engine.on_message(TOPICS.agent_status("b"), signed_status("a", KEYS["a"]))  # a's status replayed as b's
-    assert engine.registry.get("a") is not None and engine.registry.get("b") is None
+    assert engine.parts.registry.get("a") is not None and engine.parts.registry.get("b") is None
     assert rejected(metrics, "agent_status", "unknown_signer") == 2
     assert rejected(metrics, "agent_status", "unsigned") == 1
     assert rejected(metrics, "agent_status", "topic_mismatch") == 1
@@ -48,7 +48,7 @@ def test_only_enrolled_agents_by_their_own_keys_enter_the_registry(tmp_path: Pat
     enroll(enrolled, "b", KEYS["b"].public_key)  # enrolled while the coordinator runs: no restart
     clock.now += 2
     engine.on_message(TOPICS.agent_status("b"), signed_status("b", KEYS["b"]))
-    assert engine.registry.get("b") is not None
+    assert engine.parts.registry.get("b") is not None
 
 
 def test_claimed_weights_are_capped_and_outsized_deltas_rejected(tmp_path: Path) -> None:

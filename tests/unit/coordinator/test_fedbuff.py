@@ -156,7 +156,7 @@ def test_a_restarted_coordinator_still_checks_stale_bases(tmp_path: Path) -> Non
     for agent in ("a", "b", "c"):
         hello(restarted, agent)
     restarted.tick()
-    assert restarted.open.number == 3 and restarted.versions.digest("f", 2) == v2
+    assert restarted.open.number == 3 and restarted.parts.versions.digest("f", 2) == v2
     send(restarted, update(restarted, "c", 2).model_copy(update={"base_digest": v2}))  # one behind: known base
     assert "c" in restarted.open.updates and rejected(metrics2, "stale_base") == 0
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from coordinator.admission.decisions import Reject
 from coordinator.aggregation import weighted_mean
-from coordinator.reasons import RejectedUpdate
 from coordinator.strategies import FedProto
 from coordinator.strategies.fedproto import aggregate_prototypes, report_drift
 from protocol.messages import TrainMetrics, Update
@@ -107,20 +107,16 @@ def test_lambda_warms_up_linearly_and_is_announced() -> None:
 def test_updates_are_checked_against_the_global_prototypes() -> None:
     strategy = FedProto(weighted_mean, 1.0)
     ones = np.ones((CLASSES, DIM), np.float32)
-    with pytest.raises(RejectedUpdate, match="float32"):
-        strategy.check_update(proto_update("a", ones, np.ones(CLASSES)).model_copy(
-            update={"prototypes": ones.astype(np.float64)}))
+    assert_rejected("float32", strategy.check_update(proto_update("a", ones, np.ones(CLASSES)).model_copy(
+            update={"prototypes": ones.astype(np.float64)})))
     strategy.aggregate(1, [proto_update("a", ones, np.ones(CLASSES))])
     digest = strategy.states["f"].digest
-    strategy.check_update(proto_update("a", ones, np.ones(CLASSES), base=digest))
-    with pytest.raises(RejectedUpdate, match="stale_base"):
-        strategy.check_update(proto_update("a", ones, np.ones(CLASSES), base="0" * 32))
-    with pytest.raises(RejectedUpdate, match="expected"):
-        strategy.check_update(proto_update("a", np.ones((CLASSES, DIM + 1)), np.ones(CLASSES), base=digest))
+    assert strategy.check_update(proto_update("a", ones, np.ones(CLASSES), base=digest)) is None
+    assert_rejected("stale_base", strategy.check_update(proto_update("a", ones, np.ones(CLASSES), base="0" * 32)))
+    assert_rejected("expected", strategy.check_update(proto_update("a", np.ones((CLASSES, DIM + 1)), np.ones(CLASSES), base=digest)))
     missing = Update(run_id="r", agent_id="a", round=2, task="train", task_ref=DIGITS, family="f", base_digest=digest, num_samples=1,
                      metrics=TrainMetrics())
-    with pytest.raises(RejectedUpdate, match="missing_payload"):
-        strategy.check_update(missing)
+    assert_rejected("missing_payload", strategy.check_update(missing))
 
 
 def test_a_bootstrap_shape_outvoted_by_the_majority_is_dropped() -> None:
@@ -152,3 +148,10 @@ def test_an_agent_far_from_the_global_prototypes_is_flagged(caplog: pytest.LogCa
         assert report_drift(3, updates) == ["d"]
     assert "median 0.550, max 2.500 (d)" in caplog.text and "prototypes of d lie over 3x" in caplog.text
     assert report_drift(3, updates[:3]) == []
+
+
+def assert_rejected(pattern: str, problem: Reject | None) -> None:
+    """The check refused, and its reason and detail match ``pattern``."""
+    import re
+
+    assert problem is not None and re.search(pattern, f"{problem.reason.value}: {problem.detail}"), problem

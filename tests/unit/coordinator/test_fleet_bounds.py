@@ -37,7 +37,7 @@ def test_more_agents_online_than_one_round_may_name(tmp_path: Path, task: str) -
     engine, outbox, _ = make_engine(tmp_path, clock, rounds=1, max_agents_per_round=500,
                                     evaluate_final=True)
     if task == "evaluate":
-        engine.next_round = 2  # past the last training round: the final evaluation
+        engine.run.next_round = 2  # past the last training round: the final evaluation
     for i in range(MAX_AGENTS_PER_ROUND + 1):
         hello(engine, f"a{i:05d}")
     engine.tick()
@@ -71,7 +71,7 @@ def test_a_flood_of_made_up_ids_is_counted_not_kept(tmp_path: Path) -> None:
     engine, _, metrics = make_engine(tmp_path, Clock(), max_known_agents=100)
     for i in range(1_000):
         hello(engine, f"x{i:04d}")
-    assert sum(engine.registry.count_by_family().values()) == 100
+    assert sum(engine.parts.registry.count_by_family().values()) == 100
     refused = metrics.registry.get_sample_value("fl_messages_rejected_total",
                                                 {"kind": "agent_status", "reason": "registry_full"})
     assert refused == 900

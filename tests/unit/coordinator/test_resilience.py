@@ -7,8 +7,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.app.driver import EngineDriver
 from coordinator.app.service import CoordinatorService
-from coordinator.round.engine import RoundEngine
 from coordinator.settings import CoordinatorSettings
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, CoordinatorStatus, PrivacySpent, RoundAnnouncement
@@ -24,7 +24,7 @@ def status(agent_id: str, state: str = "online", *, session: str | None = "s1", 
                        privacy=privacy, task_ref=DIGITS, layout=LAYOUT)
 
 
-def tell(engine: RoundEngine, message: AgentStatus) -> None:
+def tell(engine: EngineDriver, message: AgentStatus) -> None:
     engine.on_message(TOPICS.agent_status(message.agent_id), encode_message(message))
 
 
@@ -114,16 +114,16 @@ def test_a_lost_broker_session_gives_a_new_session_and_republishes(tmp_path: Pat
     hello(engine, "a"), hello(engine, "b")
     engine.tick()
     announcement = outbox.last(TOPICS.rounds_current)
-    first = engine.session
+    first = engine.run.session
     engine.on_connection(False)
     engine.on_connection(True, session_present=True)  # the broker kept our queue: same session
-    assert engine.session == first
+    assert engine.run.session == first
     engine.on_connection(False)
     outbox.sent.clear()
     engine.on_connection(True, session_present=False)
-    assert engine.session != first
+    assert engine.run.session != first
     status_message = decode_message(outbox.last(TOPICS.coordinator_status), CoordinatorStatus)
-    assert (status_message.session, status_message.state) == (engine.session, "online")
+    assert (status_message.session, status_message.state) == (engine.run.session, "online")
     assert outbox.last(TOPICS.rounds_current) == announcement  # the same round, re-announced as it was
 
 
@@ -151,7 +151,7 @@ def test_a_restart_after_the_deadline_collects_for_a_grace_period(tmp_path: Path
     closed = again.last_summary
     assert (closed.round, closed.outcome, closed.answered) == (1, "completed", 2)
     assert closed.duration_s >= 60  # measured from the announcement, not from the restart
-    assert again.next_round == 2
+    assert again.run.next_round == 2
 
 
 def test_a_state_superseded_before_a_crash_is_cleared_after_the_restart(tmp_path: Path) -> None:
@@ -183,5 +183,5 @@ def test_the_rounds_log_is_completed_from_the_checkpoint(tmp_path: Path) -> None
     log_path.write_text(json.dumps(closed[0].to_dict()) + "\n" + '{"round": 2, "torn')  # crashed mid-line
     settings = CoordinatorSettings(federation="t", state_dir=tmp_path / "state", rounds=3, http_port=0)
     service = CoordinatorService(settings, CollectorRegistry())
-    service.engine.restore()
+    service.driver.restore()
     assert [json.loads(line)["round"] for line in log_path.read_text().splitlines()] == [1, 2]

@@ -12,15 +12,18 @@ TOPICS = Topics("t")
 
 
 def test_a_newer_state_clears_every_topic_the_one_it_supersedes_used(tmp_path: Path) -> None:
-    retained = RetainedStates(CheckpointStore(tmp_path))
+    store = CheckpointStore(tmp_path)
+    retained = RetainedStates()
     assert retained.published("f", 2, "d2", chunks=3) == []
     assert retained.published("f", 3, "d3", chunks=1) == [(2, 3)]  # all three chunk topics of round 2
     assert TOPICS.global_state_topics("f", 2, 3) == [f"fl/t/global/f/2/{i}" for i in range(3)]
     assert retained.published("f", 4, "d4", chunks=2) == [(3, 1)]  # round 3's plain topic
-    retained.save()
+    record = retained.unsaved()
+    assert record is not None and retained.unsaved() is None  # written once, until the next change
+    store.save("retained", record)
 
-    restarted = RetainedStates(CheckpointStore(tmp_path))  # a crash between publishing and clearing
-    restarted.load()
+    restarted = RetainedStates()  # a crash between publishing and clearing
+    restarted.load(store.load("retained"))
     assert restarted.on_broker == {"f": (4, 2)}
     assert restarted.published("f", 4, "d4", chunks=2) == []  # the same state again: nothing to clear
     assert restarted.published("f", 4, "d4b", chunks=1) == [(4, 2)]  # now plain: its chunk topics go
@@ -31,6 +34,6 @@ def test_a_newer_state_clears_every_topic_the_one_it_supersedes_used(tmp_path: P
 def test_a_record_of_an_older_format_loads_as_unchunked(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path)
     store.save("retained", {"rounds": {"f": 5}})  # written before chunk topics existed
-    retained = RetainedStates(store)
-    retained.load()
+    retained = RetainedStates()
+    retained.load(store.load("retained"))
     assert retained.on_broker == {"f": (5, 1)}

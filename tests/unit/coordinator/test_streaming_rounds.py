@@ -178,16 +178,18 @@ def test_the_loop_keeps_serving_while_a_round_aggregates(tmp_path: Path) -> None
         first = engine_update(engine, "a", 1)
         send(engine, first), send(engine, engine_update(engine, "b", 1))
         engine.tick()  # closes round 1: aggregation starts in the background
-        assert started.wait(30) and engine.closing is not None and engine.open is None
+        assert started.wait(30) and engine.run.closing and engine.open is None
         hello(engine, "c")  # the loop still takes statuses in
-        assert engine.registry.get("c") is not None
+        assert engine.parts.registry.get("c") is not None
         send(engine, first.model_copy(update={"agent_id": "c"}), topic_agent="c")
         late = metrics.registry.get_sample_value("fl_messages_rejected_total", {"kind": "update", "reason": "late"})
         assert late == 1
-        assert engine.tick() > 0 and engine.closing is not None  # still aggregating: nothing opens
+        assert engine.tick() > 0 and engine.run.closing  # still aggregating: nothing opens
         release.set()
-        while engine.closing is not None:
-            engine.closing[1].result(timeout=30)
+        while engine.run.closing:
+            job = engine.closing_job
+            assert job is not None
+            job.result(timeout=30)
             engine.tick()
     summary = engine.last_summary
     assert summary is not None and summary.outcome == "completed" and engine.strategy.states["f"].round == 2

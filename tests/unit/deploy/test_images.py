@@ -104,7 +104,7 @@ RUNNER = textwrap.dedent(
     with tempfile.TemporaryDirectory() as state:
         service = CoordinatorService(CoordinatorSettings(http_host="127.0.0.1", http_port=0, state_dir=Path(state)),
                                      registry=CollectorRegistry())
-        service.engine.restore()
+        service.driver.restore()
         service.http.start()
         body = urllib.request.urlopen(f"http://127.0.0.1:{service.http.port}/metrics", timeout=10).read().decode()
         service.http.stop()
@@ -120,7 +120,8 @@ def test_coordinator_runs_with_only_the_image_packages() -> None:
     """Every installed distribution outside the pinned set is unimportable, torch included."""
     closure = core_closure()
     owners = metadata.packages_distributions()
-    allowed = {"protocol", "service_kit", "coordinator"} | {m for m, dists in owners.items() if {normalize(d) for d in dists} & closure}
+    allowed = {"protocol", "service_kit", "coordinator"} | {m for m, dists in owners.items()
+                                                            if {normalize(d) for d in dists} & closure}
     blocked = {m for m in owners if m not in allowed} | {"edge_agent", "launcher", "tests", "bench"}
     assert {"torch", "opacus", "sklearn", "amqtt"} <= blocked
     result = subprocess.run([sys.executable, "-c", RUNNER, ",".join(sorted(allowed)), ",".join(sorted(blocked))],

@@ -82,7 +82,8 @@ BAD: dict[str, tuple[str, dict[str, Any], str]] = {
     "shape of floats": ("topk", {"shape": [2.0, 3.0]}, "int_type"),
     "restore dtype float16": ("fp16", {"dtype": "<f2"}, "literal_error"),
     "restore dtype big-endian": ("fp16", {"dtype": ">f4"}, "literal_error"),
-    "unknown kind": ("fp16", {"kind": "zstd"}, "literal_error"),
+    "unknown kind": ("fp16", {"kind": "zstd"}, "schema"),  # only the announcing coordinator unpacks
+    "kind not a name": ("fp16", {"kind": "fp/16"}, "string_pattern_mismatch"),
     "values not an array": ("fp16", {"values": [0.0] * 6}, "not_array"),
     "extra field": ("fp16", {"zero_point": 0}, "extra_forbidden"),
 }
@@ -148,13 +149,25 @@ def test_crafted_packed_payloads_are_protocol_errors(kind: str, changes: dict[st
     assert caught.value.reason is reason
 
 
-def test_bad_compression_text_is_a_schema_error() -> None:
+def test_bad_compression_text_of_a_known_kind_is_a_schema_error() -> None:
     payload = encode_message(PackedProbe.model_construct(kind="packed_probe", v=1, compression="topk:2", packed={}))
     with pytest.raises(ProtocolError, match=r"topk fraction must be in \(0, 1\]") as caught:
         decode_message(payload)
     assert caught.value.reason is Reason.SCHEMA
-    with pytest.raises(ValidationError):
-        PackedProbe(compression="gzip")
+    for text in ("fp16:2", "gz/ip", "zstd level", ":3", ""):
+        with pytest.raises(ValidationError):
+            PackedProbe(compression=text)
+
+
+@pytest.mark.parametrize("text", ["gzip", "zstd:3", "lz4:fast-1"])
+def test_an_unknown_compressor_decodes_so_an_older_agent_can_decline_it(text: str) -> None:
+    """The compressor is an open set on the wire; settings still accept only registered ones."""
+    from protocol.compression import CompressionSpec
+
+    decoded = decode_message(encode_message(PackedProbe(compression=text)), expect=PackedProbe)
+    assert decoded.compression == text
+    with pytest.raises(ValueError, match="unknown compression"):
+        CompressionSpec.parse(text)
 
 
 def test_decode_limits_apply_to_the_arrays_inside() -> None:

@@ -178,6 +178,18 @@ def test_a_packed_delta_unpacks_to_the_dense_arrays_its_sidecar_lists(name: str)
     assert set(message.packed_delta) | set(message.delta) == set(decode_message(payload("update_delta"), Update).delta)
 
 
+def test_a_round_naming_an_unknown_algorithm_and_compressor_decodes() -> None:
+    """Algorithm and compressor are open sets: what a receiver does not implement it declines later."""
+    from protocol.compression import COMPRESSORS, CompressionSpec, kind_of
+    from protocol.messages import RoundAnnouncement
+
+    message = decode_message(payload("round_unknown_names"), RoundAnnouncement)
+    assert message.algorithm == "fedfuture" and message.compression == "zstd:3"
+    assert kind_of(message.compression) not in COMPRESSORS
+    with pytest.raises(ValueError, match="unknown compression"):
+        CompressionSpec.parse(message.compression)  # what an agent would apply: declined, not decoded wrongly
+
+
 @pytest.mark.parametrize("name", ["round_signed", "global_state_signed"])
 def test_a_signed_vector_verifies_with_the_published_test_key(name: str) -> None:
     side = sidecar(name)

@@ -169,7 +169,7 @@ finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 non_negative = st.floats(min_value=0.0, allow_nan=False, allow_infinity=False)
 positive = st.floats(min_value=0.0, exclude_min=True, allow_nan=False, allow_infinity=False)
 probabilities = st.floats(min_value=0.0, max_value=1.0)
-algorithms = st.sampled_from(["fedavg", "fedprox", "scaffold", "fedproto"])
+algorithms = st.sampled_from(["fedavg", "fedprox", "scaffold", "fedproto"]) | identifiers  # an open set of names
 versions = st.text(max_size=64)
 short_keys = st.text(max_size=64)
 task_refs = st.builds(TaskRef, name=identifiers, version=st.from_regex(VERSION_PATTERN, fullmatch=True))

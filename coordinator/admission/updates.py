@@ -1,0 +1,58 @@
+"""Admitting an update: a decoded, signature-checked update and a view in, a decision out.
+
+Every policy's decision is framed by the same checks: first that the update is on its own topic
+and of this run, then (once the policy accepts it) the bound on its delta's norm and, with KL
+weighting, its label-skew factor. The checks a policy composes (``agent_checks``, ``task_checks``)
+live here too, so every policy applies them alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from coordinator.admission.decisions import Accept, Decision, Reject
+from coordinator.admission.view import AdmissionView, UpdatePolicy
+from coordinator.reasons import RejectReason
+from protocol.messages import Update
+from protocol.topics import ParsedTopic
+
+
+def admit_update(topic: ParsedTopic, update: Update, view: AdmissionView, policy: UpdatePolicy) -> Decision:
+    """The whole admission of one update; changes nothing."""
+    problem = run_checks(topic, update, view)
+    if problem is not None:
+        return problem
+    decision = policy.decide(topic, update, view)
+    if not isinstance(decision, Accept):
+        return decision
+    if update.delta:
+        norm = view.norms.check(update.family, update.delta)
+        if isinstance(norm, Reject):
+            return norm
+        decision = replace(decision, norm=norm)
+    if view.weighting == "kl" and update.task == "train":
+        decision = replace(decision, weight=decision.weight * view.labels.weight_factor(update.agent_id,
+                                                                                          view.kl_temperature))
+    return decision
+
+
+def run_checks(topic: ParsedTopic, update: Update, view: AdmissionView) -> Reject | None:
+    """The update is on its own topic and of this run."""
+    if update.agent_id != topic.agent_id or update.round != topic.round:
+        return Reject(RejectReason.TOPIC_MISMATCH,
+                      f"update of {update.agent_id}/{update.round} on {topic.agent_id}/{topic.round}")
+    if update.run_id != view.run_id:
+        return Reject(RejectReason.WRONG_RUN, f"run {update.run_id}, expected {view.run_id}")
+    return None
+
+
+def agent_checks(update: Update, view: AdmissionView) -> Reject | None:
+    """The family the agent's status named, no more weight than it may claim, and the run's task and layout."""
+    family = view.agents.family_of(update.agent_id)
+    if family is not None and update.family != family:
+        return Reject(RejectReason.WRONG_FAMILY, f"family {update.family}, status says {family}")
+    cap = view.sample_cap(update.agent_id)
+    if update.num_samples > cap:
+        return Reject(RejectReason.TOO_MANY_SAMPLES, f"claims {update.num_samples} samples, at most {cap}")
+    assert view.open_round is not None, "policies check agents of an open round only"
+    return view.task.check_update(update, view.open_round.announcement)

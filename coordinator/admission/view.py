@@ -1,0 +1,83 @@
+"""The read-only view admission decides on, and the shapes of what it reads.
+
+The engine builds a view per message from its run state (cheap: references, no copies); admission
+reads it and returns a decision. Collaborators are typed by the small protocols below, so
+admission imports nothing above its floor (not the engine, not the strategies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from coordinator.admission.decisions import Decision, Reject
+from coordinator.admission.norms import NormGuard
+from coordinator.admission.task_agreement import TaskAgreement
+from coordinator.state.rounds import OpenRound
+from coordinator.state.versions import VersionLog
+from protocol.messages import AgentStatus, Update
+from protocol.topics import ParsedTopic
+
+
+class PayloadChecks(Protocol):
+    """The algorithm's checks of a training payload (the strategy implements them)."""
+
+    def check_update(self, update: Update) -> Reject | None:
+        """Against the family's current global state: its base, its payload's kind and layout."""
+
+    def check_delta(self, update: Update) -> Reject | None:
+        """The payload's layout only (a stale update's base is checked against its own version)."""
+
+
+class EnrolledCaps(Protocol):
+    def max_samples_of(self, agent_id: str) -> int | None:
+        """The most samples the enrollment lets this agent claim; None: no cap of its own."""
+
+
+class LabelWeights(Protocol):
+    def weight_factor(self, agent_id: str, temperature: float) -> float: ...
+
+    def label_problem(self, status: AgentStatus) -> str | None: ...
+
+
+class AgentsView(Protocol):
+    def family_of(self, agent_id: str) -> str | None:
+        """The family its last status named; None: never heard of it."""
+
+    def refusal(self, agent_id: str, now: float) -> str | None:
+        """Why a status of this agent cannot be recorded now (the registry is full of live agents), or None."""
+
+
+@dataclass(frozen=True)
+class AdmissionView:
+    run_id: str
+    next_round: int
+    """The next round to open: rounds below it are closed."""
+    open_round: OpenRound | None
+    """Read, never written, by admission."""
+    closing: bool
+    """A round is being aggregated in the background; none is open until it is applied."""
+    now: float
+    agents: AgentsView
+    task: TaskAgreement
+    payloads: PayloadChecks
+    versions: VersionLog
+    norms: NormGuard
+    labels: LabelWeights
+    enrolled: EnrolledCaps | None
+    """None: enrollment is open (no per-agent caps)."""
+    max_samples: int
+    weighting: Literal["samples", "kl"]
+    kl_temperature: float
+
+    def sample_cap(self, agent_id: str) -> int:
+        """The most samples (weight) an update of this agent may claim."""
+        own = self.enrolled.max_samples_of(agent_id) if self.enrolled is not None else None
+        return min(self.max_samples, own or 2**62)
+
+
+class UpdatePolicy(Protocol):
+    """A round policy's part of admission (``coordinator.policies`` implement it)."""
+
+    def decide(self, topic: ParsedTopic, update: Update, view: AdmissionView) -> Decision: ...
+

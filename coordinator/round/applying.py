@@ -1,0 +1,120 @@
+"""Applying admission's decisions: the only place where what arrives changes the run.
+
+Admission (``coordinator.admission``) reads a view and decides; these functions, called by the
+engine, record an accepted update in the open round, a status in the registry, and count what
+was refused.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from coordinator.admission.decisions import Accept, Decision, Defer, Forget, Observe, Reject, StatusDecision
+from coordinator.admission.intake import Refused, UpdateIn
+from coordinator.admission.view import AdmissionView
+from coordinator.reasons import RejectReason
+from coordinator.round.parts import EngineParts
+from coordinator.round.run_state import RunState
+
+log = logging.getLogger("coordinator.round.engine")
+
+MIN_DEFERRED = 64
+
+
+def admission_view(parts: EngineParts, run: RunState, now: float) -> AdmissionView:
+    """What admission may read: references to the run's parts, nothing copied."""
+    s = parts.settings
+    return AdmissionView(
+        run_id=run.run_id, next_round=run.next_round, open_round=run.open, closing=run.closing, now=now,
+        agents=parts.registry, task=parts.task, payloads=parts.strategy, versions=parts.versions, norms=parts.norms,
+        labels=parts.labels, enrolled=parts.enrollment, max_samples=s.max_samples_per_update, weighting=s.weighting,
+        kl_temperature=s.kl_temperature)
+
+
+def apply_status(parts: EngineParts, run: RunState, agent_id: str, decision: StatusDecision, now: float) -> None:
+    if isinstance(decision, Forget):
+        forget(parts, decision.agent_id)
+        return
+    if isinstance(decision, Reject):
+        parts.rejects.record("agent_status", decision.reason.value, agent_id, decision.detail)
+        return
+    for remark in decision.remarks:
+        parts.rejects.record("agent_status", remark.reject.reason.value, agent_id, remark.reject.detail, remark.action)
+    _observe(parts, run, decision, now)
+
+
+def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -> None:
+    status = decision.status
+    parts.labels.observe_status(status)  # no label counts: forgets the ones it sent before
+    if status.label_counts is not None:  # kept by the label index only: the registry holds many statuses
+        status = status.model_copy(update={"label_counts": None})
+    previous = parts.registry.get(status.agent_id)
+    seen = parts.registry.observe(status, now)
+    m = parts.metrics
+    device = m.device_label(status.device)
+    if seen.restarted:
+        m.agent_restarts.labels(device).inc()
+    if seen.new_reconnects:
+        m.agent_reconnects.labels(device).inc(seen.new_reconnects)
+    if status.state == "offline" and run.open is not None and status.agent_id in run.open.selected_set:
+        run.open.went_offline.add(status.agent_id)
+    parts.privacy.observe(status.agent_id, status.device, status.privacy)
+    if previous is None or previous.status.state != status.state:
+        spent = f", epsilon {status.privacy.epsilon:.4g}" if status.privacy is not None else ""
+        log.info("agent %s (%s, %s, %d samples) is %s%s", status.agent_id, status.device, status.family,
+                 status.num_samples, status.state, spent)
+
+
+def forget(parts: EngineParts, agent_id: str) -> None:
+    """A cleared retained status (decommissioned), or silent past ``forget_agents_after_s``."""
+    parts.registry.forget(agent_id)
+    parts.privacy.forget(agent_id)
+    parts.labels.forget(agent_id)
+
+
+def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision: Decision) -> None:
+    if isinstance(decision, Accept):
+        _accept(parts, run, inbound, decision)
+    elif isinstance(decision, Defer):
+        if len(run.deferred) >= max(MIN_DEFERRED, 2 * parts.settings.buffer_size):
+            refuse_update(parts, run, inbound.update.agent_id, Reject(
+                RejectReason.DEFERRED_OVERFLOW, f"{len(run.deferred)} updates already wait"))
+            return
+        run.deferred.append(inbound)
+        parts.metrics.deferred.inc()
+    else:
+        refuse_update(parts, run, inbound.update.agent_id, decision)
+
+
+def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept) -> None:
+    assert run.open is not None, "admission accepts updates of an open round only"
+    update, m = inbound.update, parts.metrics
+    if accept.norm is not None:
+        parts.norms.accepted(update.family, accept.norm)
+    if update.task == "train":
+        m.staleness.observe(accept.staleness)
+    residual = update.metrics.extra.get("ef_residual_norm")
+    if residual is not None:
+        m.residual_norm.set(residual)
+    run.open.updates[update.agent_id] = parts.strategy.admit(update, accept.weight)
+    run.open.bytes_in += inbound.size
+    m.updates.labels("accepted").inc()
+    record = parts.registry.get(update.agent_id)
+    parts.privacy.observe(update.agent_id, record.status.device if record else "other", update.privacy)
+    if update.privacy is not None and update.privacy.exhausted:
+        parts.registry.budget_spent(update.agent_id, update.privacy)
+
+
+def refused(parts: EngineParts, run: RunState, refusal: Refused) -> None:
+    """A message intake could not read or trust."""
+    if refusal.kind == "update":
+        refuse_update(parts, run, refusal.sender, refusal.reject)
+    else:
+        parts.rejects.record(refusal.kind, refusal.reject.reason.value, refusal.sender, refusal.reject.detail)
+
+
+def refuse_update(parts: EngineParts, run: RunState, sender: str, reject: Reject) -> None:
+    if run.open is not None:
+        run.open.rejected += 1
+    parts.metrics.updates.labels("rejected").inc()
+    parts.rejects.record("update", reject.reason.value, sender, reject.detail)

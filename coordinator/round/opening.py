@@ -1,0 +1,91 @@
+"""Opening a round: who is available, whom to select, the announcement, and publishing it."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from coordinator.fleet.selection import plan_selection
+from coordinator.round.actions import Save
+from coordinator.round.broadcast import publish_states, publish_status
+from coordinator.round.parts import EngineParts
+from coordinator.round.run_state import RunState
+from coordinator.state.rounds import OpenRound
+from protocol.messages import LocalTraining, RoundAnnouncement, StateRef
+from protocol.wire import encode_message
+
+log = logging.getLogger("coordinator.round.engine")
+
+OPEN_ROUND = "open_round"
+WAIT_LOG_EVERY_S = 10.0
+
+
+def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
+    """Open round ``run.next_round`` if connected and enough agents are selectable; whether it opened."""
+    s = parts.settings
+    number = run.next_round
+    task = "train" if number <= s.rounds else "evaluate"
+    pool = parts.registry.available(now) if task == "train" else parts.registry.evaluable(now)
+    parts.task.pin((r.status for r in pool), {f: st.weights for f, st in parts.strategy.states.items()})
+    pool = [r for r in pool if parts.task.status_problem(r.status) is None]
+    available = [r.agent_id for r in pool]
+    if not run.connected or len(available) < s.min_available_agents:
+        if now - run.last_wait_log > WAIT_LOG_EVERY_S:
+            spent = parts.registry.budget_spent_count(now) if task == "train" else 0
+            log.info("waiting for agents: %d online, %d needed%s", len(available), s.min_available_agents,
+                     f" ({spent} more have spent their privacy budget and train no more)" if spent else "")
+            run.last_wait_log = now
+        return False
+    fraction, minimum, over = parts.policy.selection(task, s.fraction_fit, s.min_fit_agents, s.over_selection)
+    plan = plan_selection(available, number, seed=s.seed, fraction=fraction, minimum=minimum,
+                          over_selection=over, maximum=s.max_agents_per_round)
+    selected, wanted = plan.selected, parts.policy.wanted(task, plan.wanted)
+    if len(selected) < min(len(available), math.ceil(fraction * len(available))):
+        log.warning("round %d: %d agents available, selecting %d (max_agents_per_round)",
+                    number, len(available), len(selected))
+    chosen = set(selected)  # once: the pool may hold 50,000 agents and a round select 10,000
+    families = {r.status.family for r in pool if r.agent_id in chosen}
+    announcement = announce(parts, run, number, task, selected, families)
+    plain = encode_message(announcement)
+    parts.actions.add(Save(OPEN_ROUND, {"run_id": run.run_id, "round": number, "announcement": plain,
+                                        "wanted": wanted}))
+    payload = parts.publisher.sealed(plain)
+    run.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
+    begin(parts, run.open)
+    started = time.perf_counter()
+    run.open.bytes_out += publish_states(parts, run)
+    run.open.bytes_out += parts.publisher.publish(parts.topics.rounds_current, payload, "round", retain=True)
+    publish_status(parts, run, "online")
+    run.open.publish_s = time.perf_counter() - started
+    m = parts.metrics
+    m.current_round.set(number)
+    m.round_deadline.set(s.round_deadline_s)
+    m.agents_selected.inc(len(selected))
+    m.round_quorum.set(run.open.quorum(s.quorum_fraction, s.min_updates))
+    m.progressed(parts.wall_clock())
+    log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
+             number, task, len(selected), len(available), wanted, s.round_deadline_s)
+    return True
+
+
+def announce(parts: EngineParts, run: RunState, number: int, task: str, selected: list[str],
+             families: set[str]) -> RoundAnnouncement:
+    s = parts.settings
+    return RoundAnnouncement(
+        run_id=run.run_id, round=number, task=task, task_ref=parts.task.card.ref,
+        layouts={f: parts.task.layouts[f] for f in sorted(families)}, algorithm=parts.strategy.algorithm,
+        training=LocalTraining(epochs=s.local_epochs, learning_rate=s.learning_rate, momentum=s.momentum,
+                               weight_decay=s.weight_decay, batch_size=s.batch_size),
+        params=parts.strategy.round_params(number), selected=selected,
+        states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in parts.strategy.states.items()},
+        init_seed=s.init_seed, issued_at=parts.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
+        compression=s.compression if task == "train" else "none",
+    )
+
+
+def begin(parts: EngineParts, open_round: OpenRound) -> None:
+    """The strategy's accumulators for a round of at most this many updates (rows spill past the budget)."""
+    parts.strategy.begin_round(len(open_round.selected),
+                               memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
+                               spill_dir=parts.settings.state_dir / "spill")

@@ -1,0 +1,88 @@
+"""The engine's collaborators, built once from the settings: who is out there, what was agreed, how to publish.
+
+Opening, closing, resuming and applying are modules of functions over ``EngineParts`` and the one
+``RunState``; ``RoundEngine`` routes its inputs to them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from coordinator.admission.intake import Intake
+from coordinator.admission.norms import NormGuard
+from coordinator.admission.task_agreement import TaskAgreement
+from coordinator.fleet.agents import AgentRegistry
+from coordinator.fleet.enrollment import Enrollment
+from coordinator.fleet.privacy import FleetPrivacy
+from coordinator.policies import RoundPolicy, build_policy
+from coordinator.round.actions import Actions
+from coordinator.round.publishing import Publisher
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.retained import RetainedStates
+from coordinator.state.versions import VersionLog
+from coordinator.strategies.base import Strategy
+from coordinator.telemetry.heterogeneity import HeterogeneityMetrics, LabelSkew
+from coordinator.telemetry.metrics import CoordinatorMetrics
+from coordinator.telemetry.rejects import RejectLog
+from protocol.compression import CompressionSpec
+from protocol.security.signing import SigningKey
+from protocol.security.trust import OPEN, Trust
+from protocol.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    settings: CoordinatorSettings
+    strategy: Strategy
+    policy: RoundPolicy
+    metrics: CoordinatorMetrics
+    clock: Callable[[], float]
+    """Monotonic: deadlines and timeouts."""
+    wall_clock: Callable[[], float]
+    """Wall time: announcements' issue time, summaries."""
+    topics: Topics
+    registry: AgentRegistry
+    enrollment: Enrollment | None
+    task: TaskAgreement
+    norms: NormGuard
+    versions: VersionLog
+    labels: LabelSkew
+    """Agents' label counts: the federation's label distribution, KL weighting and skew metrics."""
+    heterogeneity: HeterogeneityMetrics
+    privacy: FleetPrivacy
+    retained: RetainedStates
+    actions: Actions
+    publisher: Publisher
+    rejects: RejectLog
+    intake: Intake
+
+    @classmethod
+    def build(cls, settings: CoordinatorSettings, strategy: Strategy, metrics: CoordinatorMetrics, *,
+              clock: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = time.time,
+              signing_key: SigningKey | None = None) -> EngineParts:
+        enrollment = Enrollment(settings.enrollment_path, clock) if settings.enrollment == "required" else None
+        if enrollment is None:
+            log.warning("enrollment is open: any client that reaches the broker can join and send updates "
+                        "(for experiments only; enroll agents with 'coordinator enroll' and drop --enrollment open)")
+        task = TaskAgreement(settings.task_card())
+        topics = Topics(settings.federation)
+        actions, retained, rejects = Actions(), RetainedStates(), RejectLog(metrics)
+        trust = OPEN if enrollment is None else Trust(enrollment.lookup, required=True)
+        return cls(
+            settings=settings, strategy=strategy, policy=build_policy(settings), metrics=metrics, clock=clock,
+            wall_clock=wall_clock, topics=topics,
+            registry=AgentRegistry(settings.agent_timeout_s, settings.max_known_agents), enrollment=enrollment,
+            task=task, norms=NormGuard(settings.max_norm_ratio), versions=VersionLog(settings.max_staleness),
+            labels=LabelSkew(task.card.num_classes or None),
+            heterogeneity=HeterogeneityMetrics(metrics.registry, device_label=metrics.device_label),
+            privacy=FleetPrivacy(metrics), retained=retained, actions=actions,
+            publisher=Publisher(actions, metrics, topics, retained, signing_key, settings.max_message_bytes),
+            rejects=rejects,
+            intake=Intake(topics, metrics, trust, CompressionSpec.parse(settings.compression),
+                          settings.max_update_bytes, task.card.num_classes, rejects),
+        )

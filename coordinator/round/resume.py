@@ -1,0 +1,85 @@
+"""Starting up: a new run, or the one the state directory holds, with its open round if it had one.
+
+The driver reads the state files (``Saved``); resuming only interprets them, and a checkpoint
+of another algorithm or task stops start-up rather than mixing two runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from coordinator.round.actions import Resumed
+from coordinator.round.closing import begin_close, checkpoint
+from coordinator.round.opening import begin
+from coordinator.round.parts import EngineParts
+from coordinator.round.run_state import RunState
+from coordinator.state.rounds import OpenRound, RoundSummary
+from protocol.messages import RoundAnnouncement
+from protocol.wire import decode_message
+
+log = logging.getLogger("coordinator.round.engine")
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The state files as the driver found them (None: absent)."""
+
+    checkpoint: dict[str, Any] | None = None
+    open_round: dict[str, Any] | None = None
+    retained: dict[str, Any] | None = None
+    where: str = "the state directory"
+
+
+def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
+    """Resume from the checkpoint if there is one, else start a new run; a round that was open and is
+    past its deadline (without a grace period) is closed at once."""
+    parts.retained.load(saved.retained)
+    if saved.checkpoint is None:
+        run.run_id = secrets.token_hex(6)
+        parts.actions.add(checkpoint(parts, run.run_id, run.next_round, run.finished, None))
+        log.info("new run %s: %s with %s, %d rounds", run.run_id, parts.strategy.algorithm,
+                 parts.strategy.aggregator.describe(), parts.settings.rounds)
+        return
+    data = saved.checkpoint
+    if data["algorithm"] != parts.strategy.algorithm:
+        raise ValueError(f"checkpoint in {saved.where} is a {data['algorithm']} run, not "
+                         f"{parts.strategy.algorithm}; use another state_dir to start a new run")
+    run.run_id = data["run_id"]
+    run.next_round = int(data["next_round"])
+    run.finished = bool(data["finished"])
+    last = data.get("last_summary") or (data["history"][-1] if data.get("history") else None)  # format of 2026-11
+    run.last_summary = None if last is None else RoundSummary.from_dict(last)
+    parts.strategy.load_state_dict(data["strategy"])
+    parts.task.load_state_dict(data.get("task") or {"name": "digits", "version": "1", "layouts": {}},  # format of 2026-11
+                               saved.where)
+    parts.versions.load_state_dict(data.get("versions") or {})
+    parts.versions.record(parts.strategy.states, run.next_round)
+    log.info("resumed run %s at round %d from %s", run.run_id, run.next_round, saved.where)
+    parts.actions.add(Resumed(run.last_summary))
+    _resume_open_round(parts, run, saved.open_round)
+
+
+def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] | None) -> None:
+    if saved is None or saved["run_id"] != run.run_id or saved["round"] != run.next_round:
+        return
+    announcement = decode_message(saved["announcement"], RoundAnnouncement)
+    now = parts.clock()
+    age = max(0.0, parts.wall_clock() - announcement.issued_at)
+    remaining = announcement.deadline_s - age
+    wanted = int(saved.get("wanted", len(announcement.selected)))
+    payload = parts.publisher.sealed(saved["announcement"])
+    grace = parts.settings.resume_grace_s
+    if remaining <= 0 and grace <= 0:
+        run.open = OpenRound(announcement, payload, now, now - age, wanted)
+        begin(parts, run.open)
+        parts.actions.add(begin_close(parts, run, now, ("interrupted", "coordinator restarted after the deadline")))
+        return
+    # Past its deadline, the round still waits a grace period for the updates the broker queued
+    # for us and those agents resend to the new session, rather than throw finished work away.
+    remaining = max(remaining, grace)
+    run.open = OpenRound(announcement, payload, now + remaining, now - age, wanted)
+    begin(parts, run.open)
+    log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)

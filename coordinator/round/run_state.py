@@ -1,0 +1,37 @@
+"""The one object the engine mutates: where the run is. Only ``coordinator.round`` writes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from coordinator.state.rounds import OpenRound, RoundSummary
+
+if TYPE_CHECKING:
+    from coordinator.admission.intake import UpdateIn
+
+
+@dataclass
+class RunState:
+    session: str
+    """Random at every start, and again when the broker lost our persistent session: agents resend to a new one."""
+    run_id: str = ""
+    next_round: int = 1
+    """Rounds below it are closed; it is the next to open."""
+    finished: bool = False
+    open: OpenRound | None = None
+    closing: bool = False
+    """A closed round is being aggregated and checkpointed in the background; none opens meanwhile."""
+    last_summary: RoundSummary | None = None
+    """The newest closed round."""
+    connected: bool = False
+    ever_connected: bool = False
+    deferred: list[UpdateIn] = field(default_factory=list)
+    """Asynchronous rounds: updates held for the next buffer (bounded by the engine)."""
+    last_wait_log: float = -1e9
+    gauges_refreshed: float = -1e9
+
+    @property
+    def current_round(self) -> int:
+        """The open round, else the last closed one (0 before the first)."""
+        return self.open.number if self.open is not None else max(self.next_round - 1, 0)
