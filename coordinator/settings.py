@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from coordinator.aggregation.registry import RULES
 from coordinator.policies.registry import POLICIES
@@ -16,7 +16,7 @@ from protocol.compression.registry import described
 from protocol.messages import MAX_AGENTS_PER_ROUND
 from protocol.tasks import TaskCard, load_task_card
 from protocol.topics import check_identifier
-from protocol.transport.mqtt import BrokerAddress, tls_file_setting
+from service_kit.broker import BrokerSettings
 
 AggregatorName = RULES.literal()
 """The registered aggregation rules' names (coordinator/aggregation/registry.py)."""
@@ -29,21 +29,12 @@ DEFAULT_MOMENTUM = 0.9
 """Local SGD momentum when none is set; SCAFFOLD's default is 0 (it corrects plain SGD steps)."""
 
 
-class CoordinatorSettings(BaseSettings):
+class CoordinatorSettings(BrokerSettings):
     model_config = SettingsConfigDict(env_prefix="FL_COORDINATOR_", extra="forbid", validate_default=True)
 
     # where
     federation: str = Field(default="default", description=(
         "the federation's name: its topics live under fl/<federation>/, shared with its agents"))
-    broker_url: str = Field(default="mqtt://localhost:1883", description=(
-        "the MQTT broker: mqtt://host:port, or mqtts:// for TLS"))
-    broker_username: str | None = Field(default=None, description="broker user name; unset: connect anonymously")
-    broker_password: SecretStr | None = Field(default=None, description="broker password, with broker_username")
-    ca_file: Path | None = Field(default=None, description=(
-        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); unset: the system's CAs"))
-    cert_file: Path | None = Field(default=None, description=(
-        "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
-    key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
     client_id: str | None = Field(default=None, description="MQTT client id; unset: coordinator-{federation}")
     state_dir: Path = Field(default=Path("coordinator-state"), description=(
         "checkpoints, the rounds log, keys and enrollments; a restart resumes the run kept here"))
@@ -146,8 +137,6 @@ class CoordinatorSettings(BaseSettings):
         "after a restart, a round whose deadline passed while the coordinator was down still collects "
         "updates (queued by the broker or resent by agents) for this long before closing; 0 closes it at "
         "once as interrupted"))
-    reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
-    reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
 
     # limits
     max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
@@ -175,14 +164,6 @@ class CoordinatorSettings(BaseSettings):
     @classmethod
     def _federation(cls, value: str) -> str:
         return check_identifier(value, "federation")
-
-    @field_validator("broker_url")
-    @classmethod
-    def _broker_url(cls, value: str) -> str:
-        BrokerAddress.parse(value)
-        return value
-
-    _tls_file = field_validator("ca_file", "cert_file", "key_file")(tls_file_setting)
 
     @field_validator("momentum")
     @classmethod
@@ -213,14 +194,10 @@ class CoordinatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> CoordinatorSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
         if self.min_fit_agents > self.min_available_agents:
             raise ValueError("min_fit_agents cannot exceed min_available_agents")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
-        if self.reconnect_min_s > self.reconnect_max_s:
-            raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
         kind = CompressionSpec.parse(self.compression).kind
         if kind != "none" and COMPRESSORS.get(kind).error_feedback and self.momentum != 0.0:
             raise ValueError(f"compression {self.compression} needs momentum 0 (add --momentum 0): with local momentum, "
@@ -253,8 +230,3 @@ class CoordinatorSettings(BaseSettings):
     @property
     def signing_key_path(self) -> Path:
         return self.signing_key_file or Path(self.state_dir) / "coordinator_key.pem"
-
-    def broker_address(self) -> BrokerAddress:
-        password = self.broker_password.get_secret_value() if self.broker_password else None
-        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password).with_tls_files(
-            self.ca_file, self.cert_file, self.key_file)

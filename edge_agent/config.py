@@ -5,30 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from edge_agent.stragglers import DelayModel, parse_delay
 from protocol.compression import COMPRESSORS
 from protocol.security.signing import PublicKey
 from protocol.topics import check_identifier
-from protocol.transport.mqtt import BrokerAddress, tls_file_setting
+from service_kit.broker import BrokerSettings
 
 
-class AgentSettings(BaseSettings):
+class AgentSettings(BrokerSettings):
     model_config = SettingsConfigDict(env_prefix="FL_AGENT_", extra="forbid", validate_default=True)
 
     federation: str = Field(default="default", description=(
         "the federation to join: its topics live under fl/<federation>/, as the coordinator's"))
-    broker_url: str = Field(default="mqtt://localhost:1883", description=(
-        "the MQTT broker: mqtt://host:port, or mqtts:// for TLS"))
-    broker_username: str | None = Field(default=None, description="broker user name; unset: connect anonymously")
-    broker_password: SecretStr | None = Field(default=None, description="broker password, with broker_username")
-    ca_file: Path | None = Field(default=None, description=(
-        "PEM file of the CA(s) that signed the broker's certificate (mqtts:// only); unset: the system's CAs"))
-    cert_file: Path | None = Field(default=None, description=(
-        "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
-    key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
     device: Literal["jetson", "rpi", "phone", "cpu"] = Field(default="cpu", description=(
         "device profile: batch size, threads and model family; jetson trains on CUDA where available"))
     agent_id: str | None = Field(default=None, description="this agent's id; unset: made once and kept in the state dir")
@@ -72,8 +63,6 @@ class AgentSettings(BaseSettings):
     batch_size: int | None = Field(default=None, ge=1, description=(
         "local batch size unless the coordinator sets one; unset: the device profile's"))
     heartbeat_s: float = Field(default=15.0, gt=0.0, description="seconds between status heartbeats to the coordinator")
-    reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
-    reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
     straggler_delay: str = Field(default="off", description=(
         "simulated extra compute time per training round, for demos and benchmarks: off, profile (the "
         "device profile's distribution), constant:S, uniform:A,B, lognormal:MEDIAN,SIGMA, exponential:MEAN"))
@@ -152,18 +141,8 @@ class AgentSettings(BaseSettings):
     def signing_key_path(self) -> Path:
         return self.signing_key_file or Path(self.state_dir) / "agent_key.pem"
 
-    @field_validator("broker_url")
-    @classmethod
-    def _broker_url(cls, value: str) -> str:
-        BrokerAddress.parse(value)
-        return value
-
-    _tls_file = field_validator("ca_file", "cert_file", "key_file")(tls_file_setting)
-
     @model_validator(mode="after")
     def _consistent(self) -> AgentSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
         if self.partition_index >= self.num_partitions:
             raise ValueError(f"partition_index {self.partition_index} must be below num_partitions {self.num_partitions}")
         if self.partition == "none" and self.num_partitions != 1:
@@ -174,8 +153,6 @@ class AgentSettings(BaseSettings):
             raise ValueError(f"attack_z has no effect with attack {self.attack!r}")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
-        if self.reconnect_min_s > self.reconnect_max_s:
-            raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
         self.straggler_model()
         self._check_dp()
         return self
@@ -203,8 +180,3 @@ class AgentSettings(BaseSettings):
         if self.dp_accountant == "gdp" and self.dp_prototype_noise_multiplier is not None:
             raise ValueError("dp_prototype_noise_multiplier needs dp_accountant rdp or prv: gdp cannot compose "
                              "two mechanisms")
-
-    def broker_address(self) -> BrokerAddress:
-        password = self.broker_password.get_secret_value() if self.broker_password else None
-        return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password).with_tls_files(
-            self.ca_file, self.cert_file, self.key_file)

@@ -96,7 +96,7 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
     residual = update.metrics.extra.get("ef_residual_norm")
     if residual is not None:
         m.residual_norm.set(residual)
-    run.open.updates[update.agent_id] = parts.strategy.admit(update, accept.weight)
+    run.open.updates[update.agent_id] = parts.strategy.accumulate(update, accept.weight)
     run.open.bytes_in += inbound.size
     m.updates.labels("accepted").inc()
     record = parts.registry.get(update.agent_id)

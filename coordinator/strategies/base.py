@@ -121,7 +121,7 @@ class Strategy(ABC):
         else:
             self.rows = RoundRows(capacity, memory_budget_bytes, spill_dir)
 
-    def admit(self, update: Update, weight: float = 1.0) -> Update:
+    def accumulate(self, update: Update, weight: float = 1.0) -> Update:
         """Take in an accepted update; returns what the round must keep of it (its arrays folded or stored).
 
         ``weight`` multiplies its sample count in every by-samples mean (staleness, label skew)."""

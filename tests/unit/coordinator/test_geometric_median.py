@@ -177,7 +177,7 @@ def test_a_robust_round_keeps_the_updates_as_rows_and_a_mean_round_folds_them(tm
     assert geomed.folds is None and geomed.rows is not None
     rng = np.random.default_rng(5)
     sent = [make_update(f"a{i}", 0, 10, weights={"w": rng.normal(size=(3, 4)).astype(np.float32)}) for i in range(3)]
-    geomed.aggregate(0, [geomed.admit(u) for u in sent])
+    geomed.aggregate(0, [geomed.accumulate(u) for u in sent])
     expected = geometric_median([u.weights for u in sent], [10.0] * 3)["w"]
     np.testing.assert_array_equal(geomed.states["cnn"].weights["w"], expected)
     geomed.end_round()

@@ -104,7 +104,7 @@ def arrays(rng: np.random.Generator, size: int = 4) -> dict[str, np.ndarray]:
 
 def run_round(strategy: Strategy, updates: list[Update], round_number: int) -> list[str]:
     strategy.begin_round(len(updates))
-    kept = [strategy.admit(u) for u in updates]
+    kept = [strategy.accumulate(u) for u in updates]
     return [d.agent_id for d in strategy.aggregate(round_number, kept)]
 
 
@@ -122,7 +122,7 @@ def test_fedavg_streams_under_the_mean_and_matches_the_batch_path(clip: float | 
     base = streaming.states["f"].digest
     deltas = [update(f"a{i}", 10 + i, base, delta=arrays(rng)) for i in range(5)]
     streaming.begin_round(len(deltas))
-    held = [streaming.admit(u) for u in deltas]
+    held = [streaming.accumulate(u) for u in deltas]
     assert all(not h.delta for h in held), "a folded update keeps no arrays"
     streaming.aggregate(2, held)
     run_round(batch, deltas, 2)
@@ -151,7 +151,7 @@ def test_robust_rules_keep_the_updates() -> None:
     assert strategy.folds is None and strategy.rows is not None
     sent = [update(a, 1, None, weights={"w": np.full(2, v, np.float32), "n": np.array(v, np.int64)})
             for a, v in (("a", 1), ("b", 5), ("c", 2))]
-    kept = [strategy.admit(u) for u in sent]
+    kept = [strategy.accumulate(u) for u in sent]
     assert [dict(k.weights)["w"].tolist() for k in kept] == [[1, 1], [5, 5], [2, 2]]
     strategy.aggregate(1, kept)
     assert strategy.states["f"].weights["w"].tolist() == [2, 2] and strategy.states["f"].weights["n"] == 2
