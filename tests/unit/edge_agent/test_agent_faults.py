@@ -20,6 +20,7 @@ from protocol.topics import Topics
 from protocol.transport.mqtt import BrokerAddress
 from protocol.wire import encode_message
 from tests.task_refs import DIGITS, layout
+from tests.unit.edge_agent.links import FakeLink
 
 TOPICS = Topics("t")
 RUN = "run1"
@@ -47,20 +48,6 @@ class FakeWorker:
         return Update(run_id=announcement.run_id, agent_id="me", round=announcement.round, task=announcement.task,
                       task_ref=DIGITS, family="f", base_digest=None, num_samples=10, weights={"w": np.ones(3, np.float32)},
                       metrics=TrainMetrics())
-
-
-class FakeLink:
-    connected = True
-    reconnects = 0
-
-    def __init__(self) -> None:
-        self.published: list[tuple[str, bytes]] = []
-
-    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        self.published.append((topic, payload))
-
-    def updates(self) -> list[str]:
-        return [topic for topic, _ in self.published if "/updates/" in topic]
 
 
 def make_agent(tmp_path: Path, straggler: DelayModel = OFF) -> tuple[EdgeAgent, FakeWorker, FakeLink]:

@@ -17,26 +17,15 @@ from protocol.topics import Topics
 from protocol.transport.mqtt import BrokerAddress
 from protocol.wire import decode_message, encode_message
 
+from .links import FakeLink
 from .rounds import AGENT, announce, digits_subset, global_state, global_weights, make_worker
 
 TOPICS = Topics("t")
 
 
-class Link:
-    connected = True
-    reconnects = 0
-
-    def __init__(self) -> None:
-        self.published: list[tuple[str, bytes]] = []
-
-    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> None:
-        self.published.append((topic, payload))
-
+class Link(FakeLink):
     def statuses(self) -> list[AgentStatus]:
         return [decode_message(p, AgentStatus) for t, p in self.published if t == TOPICS.agent_status(AGENT)]
-
-    def updates(self) -> list[str]:
-        return [t for t, _ in self.published if "/updates/" in t]
 
 
 def test_a_round_of_an_unknown_algorithm_decodes_and_is_refused_with_the_reason_in_the_status(
