@@ -149,9 +149,13 @@ class CoordinatorSettings(BrokerSettings):
     signing_key_file: Path | None = Field(default=None, description=(
         "the coordinator's Ed25519 key (created if missing); unset: STATE_DIR/coordinator_key.pem"))
     max_samples_per_update: int = Field(default=1_000_000, ge=1, description=(
-        "most samples an update may claim as its weight (an enrollment's max_samples can lower it)"))
-    max_norm_ratio: float = Field(default=10.0, ge=0.0, allow_inf_nan=False, description=(
-        "reject a delta whose L2 norm exceeds this times the previous round's median; 0 turns it off"))
+        "most samples an update counts for, whatever it claims (an enrollment's max_samples replaces it)"))
+    claim_cap_multiple: float = Field(default=1.0, ge=0.0, le=1000.0, allow_inf_nan=False, description=(
+        "without an enrolled max_samples, an update counts for at most this times the median sample count the "
+        "round's selected agents report (a larger claim is cut, and counted); 0: only max_samples_per_update"))
+    max_norm_ratio: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description=(
+        "clip each delta to this times the median L2 norm of its family's deltas in the same round (counted); "
+        "0 turns it off"))
     aggregation_memory_mb: int = Field(default=512, ge=0, le=1_048_576, description=(
         "robust rules keep a round's updates in memory up to this, in a memory-mapped file under state_dir beyond it"))
     max_message_bytes: int = Field(default=0, ge=0, description=(

@@ -24,6 +24,10 @@ Surviving faults:
   again: the coordinator may have lost it; a copy it already has is dropped as a duplicate;
 * optional simulated straggling holds a finished update back for a drawn delay, during
   which the agent keeps its heartbeat but takes no new round (it is "still computing").
+
+Not surviving: a broker that refuses its publishes or subscriptions (MQTT 5 reason codes, e.g.
+an ACL's "not authorized"): each refusal is counted in its status (``denied``), and after
+``max_denials`` the agent exits with ``EXIT_DENIED`` (``edge_agent.identity``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.freshness import Freshness
+from edge_agent.identity import give_up
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
 from edge_agent.state import AgentStateDir
@@ -104,6 +110,7 @@ class EdgeAgent:
         backoff: Backoff | None = None,
         signing_key: SigningKey | None = None,
         coordinator_key: PublicKey | None = None,
+        max_denials: int = 3,
     ) -> None:
         self.agent_id = agent_id
         self.profile = profile
@@ -116,10 +123,14 @@ class EdgeAgent:
         self.exit_when_finished = exit_when_finished
         self.straggler = straggler
         self.backoff = backoff
+        self.max_denials = max_denials
+        """Refusals by the broker (MQTT 5) after which ``run`` gives up (``edge_agent.identity``)."""
         self.signing_key = signing_key
         """Signs this agent's statuses and updates (None: unsigned, for an open federation)."""
         self._trust = OPEN if coordinator_key is None else Trust(single_key("coordinator", coordinator_key), required=True)
         """With the coordinator's key pinned, only what it signed is acted on."""
+        self.freshness = Freshness(state, persist=coordinator_key is not None)
+        """The run it follows (newest coordinator epoch) and its own statuses' order (``edge_agent.freshness``)."""
         self.rejected: Counter[str] = Counter()
         """Messages dropped, by reason; the first of each reason is logged."""
         self.session = secrets.token_hex(6)
@@ -131,7 +142,8 @@ class EdgeAgent:
         self.coordinator: CoordinatorStatus | None = None
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
-        """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome)."""
+        """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome),
+        ("denied", Denial)."""
         self._link: MqttLink | None = None
         self._seen_announcement = False
         self._joined_mid_round: tuple[str, int] | None = None
@@ -148,8 +160,9 @@ class EdgeAgent:
             (progress["run_id"], int(progress["round"])) if "run_id" in progress else None)
 
     # -- status ---------------------------------------------------------------------------
-    def status(self, state: str = "online") -> AgentStatus:
-        """``budget_exhausted`` overrides ``state`` once the privacy budget is spent, even in the last will."""
+    def status(self, state: str = "online", *, will: bool = False) -> AgentStatus:
+        """``budget_exhausted`` overrides ``state`` once the privacy budget is spent, even in the last will
+        (``will``: sequence number 0, see ``edge_agent.freshness``)."""
         # While a round trains, its thread owns the worker, DP ledger included (it charges the round):
         # report the spend read when the round started rather than read the ledger while it changes.
         privacy = self._privacy_before_round if self._training is not None else self.worker.privacy_spent()
@@ -160,8 +173,10 @@ class EdgeAgent:
             num_samples=len(self.worker.data.train), num_eval_samples=len(self.worker.data.held_out),
             version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session, privacy=privacy,
             reconnects=self._link.reconnects if self._link is not None else 0, rejected=sum(self.rejected.values()),
+            denied=self._link.denials if self._link is not None else 0,
             task_ref=self.worker.task.card.ref, layout=self.worker.layout, problem=self.problem,
-            label_counts=self.label_counts,
+            label_counts=self.label_counts, epoch=self.freshness.process_epoch,
+            seq=0 if will else self.freshness.next_seq(),
         )
 
     @cached_property
@@ -194,14 +209,16 @@ class EdgeAgent:
             on_message=lambda topic, payload, retained: self._inbox.put(("message", (topic, payload, retained))),
             subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1),
                            (topics.global_states_of(self.worker.family), 1)],
-            will=Will(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline")))),
+            will=Will(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline", will=True)))),
             backoff=self.backoff,
             on_connected=lambda connection: self._inbox.put(("connected", None)),
+            on_denied=lambda denial: self._inbox.put(("denied", denial)),
         )
         self._trainer = TrainingThread(self.worker, lambda outcome: self._inbox.put(("trained", outcome)),
                                        name=f"{self.agent_id}-training").start()
         self._link.start()
         next_heartbeat = time.monotonic() + self.heartbeat_s
+        exit_code = 0
         try:
             while not stop.is_set():
                 wake = next_heartbeat if self._held is None else min(next_heartbeat, self._held.due)
@@ -217,6 +234,12 @@ class EdgeAgent:
                     self._on_message(*item)
                 elif kind == "trained":
                     self._on_trained(item)
+                elif kind == "denied":  # the link logged the first refusal of its kind
+                    if self._link.denials >= self.max_denials:
+                        exit_code = give_up(self.agent_id, self._link.denials, item)
+                        break
+                    if self._link.connected:
+                        self._publish_status()  # with the new ``denied`` count, for the coordinator
                 if self._held is not None and time.monotonic() >= self._held.due:
                     self._release_held()
                 if self._finished():
@@ -231,7 +254,7 @@ class EdgeAgent:
                 self._link.publish(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline"))),
                                    retain=True)
             self._link.stop()
-        return 0
+        return exit_code
 
     def _finished(self) -> bool:
         return self.exit_when_finished and self.coordinator is not None and self.coordinator.state == "finished"
@@ -261,14 +284,30 @@ class EdgeAgent:
             log.warning("dropped a message on %s: %s: %s (further drops for this reason are only counted)",
                         topic, reason, detail)
 
+    def _fresh(self, topic: str, epoch: int, run_id: str, *, ends_run: bool = False) -> bool:
+        """Whether to act on a coordinator message: not of an older epoch, and, if it ends a run, of this
+        agent's run (``edge_agent.freshness``). A newer epoch is a new run: what older ones said is forgotten."""
+        verdict = self.freshness.judge(epoch, run_id, ends_run=ends_run)
+        if verdict.reason is not None:
+            self._drop(topic, verdict.reason, verdict.detail)
+            return False
+        if verdict.advanced:
+            log.info("following the coordinator's epoch %d (run %s)", epoch, run_id)
+            if self.announcement is not None and self.announcement.epoch < epoch:
+                self.announcement = None
+            if self.coordinator is not None and self.coordinator.epoch < epoch:
+                self.coordinator = None
+            self.global_states = {n: g for n, g in self.global_states.items() if g.epoch >= epoch}
+        return True
+
     def _on_coordinator_status(self, status: CoordinatorStatus) -> None:
-        if self.announcement is not None and status.run_id != self.announcement.run_id and status.state != "online":
-            # A new run announces itself as online first; an old run's "finished" or "offline" must not stop us.
-            self._drop(self.topics.coordinator_status, "inconsistent", f"{status.state} status of run {status.run_id}")
-            return
-        self.coordinator = status
+        # An older run's "finished" or "offline" (a replay, or a run that ended) must not stop us.
+        if self._fresh(self.topics.coordinator_status, status.epoch, status.run_id, ends_run=status.state != "online"):
+            self.coordinator = status
 
     def _on_announcement(self, ann: RoundAnnouncement, retained: bool) -> None:
+        if not self._fresh(self.topics.rounds_current, ann.epoch, ann.run_id):
+            return
         current = self.announcement
         if current is not None and ann.run_id == current.run_id and ann.round < current.round:
             self._drop(self.topics.rounds_current, "stale", f"round {ann.round} after round {current.round}")
@@ -293,7 +332,7 @@ class EdgeAgent:
             return
         self.problem = problem
         if problem is not None:
-            log.warning("refusing rounds: %s", problem)
+            log.warning("refusing rounds (task_mismatch): %s", problem)  # the coordinator counts it so
         else:
             log.info("round %d is of this agent's task and layout again", ann.round)
         if self._link is not None:
@@ -322,6 +361,8 @@ class EdgeAgent:
         if message.round != round_number:
             log.warning("ignored a global state that does not match its topic")
             return
+        if not self._fresh(self.topics.global_state(message.family, round_number), message.epoch, message.run_id):
+            return  # else an older run's states, kept as the newest two, would push out this run's
         self.global_states[round_number] = message
         for stale in sorted(self.global_states)[:-2]:  # keep the newest two
             del self.global_states[stale]

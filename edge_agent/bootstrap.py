@@ -12,6 +12,7 @@ from edge_agent.agent import EdgeAgent
 from edge_agent.attacks import Collusion, build_attack
 from edge_agent.config import AgentSettings
 from edge_agent.data.local import build_local_data
+from edge_agent.identity import check_certificate_identity
 from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.tasks.base import Task
@@ -35,7 +36,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
     saves resolving ``settings.task`` again when many agents share a process.
     """
     task = task or resolve_task(settings.task)
-    attack = build_attack(settings.attack, scale=settings.attack_scale, z=settings.attack_z, collusion=collusion)
+    attack = build_attack(settings.attack, scale=settings.attack_scale, z=settings.attack_z, collusion=collusion,
+                          claim_samples=settings.attack_claim_samples, report_accuracy=settings.attack_report_accuracy)
     profile = get_profile(settings.device)
     threads = settings.threads if settings.threads is not None else profile.threads
     if set_threads and threads:
@@ -54,7 +56,10 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
     probe = task.build_model(family, seed=0)
     check_model(task, family, probe, data.train)
     privacy = _private_trainer(settings, probe, family, state)
-    agent_id = settings.agent_id or state.agent_id(settings.device)  # written only once the rest is valid
+    identity = settings.certificate_identity()  # the broker's name for this agent, if it goes by certificate
+    agent_id = settings.agent_id or state.agent_id(settings.device, identity)  # written only once the rest is valid
+    if identity is not None and settings.cert_file is not None:  # an id kept from before may not be the CN
+        check_certificate_identity(agent_id, settings.cert_file)
     device = profile.torch_device()
     worker = LocalWorker(agent_id, task, family, data, device, settings.batch_size or profile.batch_size, state,
                          privacy, attack, compressors=settings.compressor_kinds())
@@ -71,7 +76,7 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
                      exit_when_finished=settings.exit_when_finished, straggler=straggler,
                      backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s),
                      signing_key=load_or_create_signing_key(settings.signing_key_path),
-                     coordinator_key=settings.pinned_coordinator_key())
+                     coordinator_key=settings.pinned_coordinator_key(), max_denials=settings.max_broker_denials)
 
 
 def _private_trainer(settings: AgentSettings, model: nn.Module, family: str,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from edge_agent.identity import certificate_identity, check_certificate_identity
 from edge_agent.stragglers import DelayModel, parse_delay
 from protocol.compression import COMPRESSORS
 from protocol.security.signing import PublicKey
@@ -22,7 +23,13 @@ class AgentSettings(BrokerSettings):
         "the federation to join: its topics live under fl/<federation>/, as the coordinator's"))
     device: Literal["jetson", "rpi", "phone", "cpu"] = Field(default="cpu", description=(
         "device profile: batch size, threads and model family; jetson trains on CUDA where available"))
-    agent_id: str | None = Field(default=None, description="this agent's id; unset: made once and kept in the state dir")
+    check_certificate_identity: bool = Field(default=True, description=(
+        "with cert_file: refuse to start unless the certificate's CN is agent_id, as a broker with "
+        "use_identity_as_username (Mosquitto) names the client after it; turn off for a broker that maps "
+        "certificates to identities otherwise (docs/device-identity.md)"))
+    agent_id: str | None = Field(default=None, description=(
+        "this agent's id; unset: kept in the state dir, made on first start (with cert_file and "
+        "check_certificate_identity: the certificate's CN)"))
     state_dir: Path = Field(default=Path("agent-state"), description=(
         "the agent's id, key, progress, privacy budget and training state, kept across restarts"))
     task: str = Field(default="digits", description=(
@@ -53,6 +60,10 @@ class AgentSettings(BrokerSettings):
         "unset: 4, 10 and 100 respectively"))
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
         "alie: send mean - z x std of the colluders' benign updates; unset: 1"))
+    attack_claim_samples: int | None = Field(default=None, ge=1, description=(
+        "TESTS/BENCHMARKS ONLY, with an attack: claim this many training samples in every update"))
+    attack_report_accuracy: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False, description=(
+        "TESTS/BENCHMARKS ONLY, with an attack: report this held-out accuracy for the global model"))
 
     compressors: str = Field(default=",".join(COMPRESSORS.names()), description=(
         f"the update compressors this device may use (comma-separated: {', '.join(COMPRESSORS.names())}; 'none' for "
@@ -95,6 +106,9 @@ class AgentSettings(BrokerSettings):
     signing_key_file: Path | None = Field(default=None, description=(
         "this agent's Ed25519 key from enrollment (created if missing); unset: STATE_DIR/agent_key.pem"))
     exit_when_finished: bool = Field(default=False, description="exit (status 0) once the coordinator's run finished")
+    max_broker_denials: int = Field(default=3, ge=1, description=(
+        "exit (status 3) once the broker refused this many publishes or subscriptions (MQTT 5 reason code "
+        ">= 0x80, e.g. an ACL's 0x87 not authorized) instead of training for updates nobody receives"))
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe log level shown")
 
     @field_validator("federation")
@@ -109,8 +123,18 @@ class AgentSettings(BrokerSettings):
 
     @field_validator("agent_id")
     @classmethod
-    def _agent_id(cls, value: str | None) -> str | None:
-        return None if value is None else check_identifier(value, "agent_id")
+    def _agent_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        check_identifier(value, "agent_id")
+        cert_file = info.data.get("cert_file")  # BrokerSettings' fields are validated first
+        if cert_file is not None and info.data.get("check_certificate_identity", True):
+            check_certificate_identity(value, cert_file)
+        return value
+
+    def certificate_identity(self) -> str | None:
+        """The identity the broker gives this agent's certificate (its CN); None without one or the check."""
+        return certificate_identity(self.cert_file) if self.cert_file and self.check_certificate_identity else None
 
     @field_validator("compressors")
     @classmethod
@@ -151,6 +175,8 @@ class AgentSettings(BrokerSettings):
             raise ValueError(f"attack_scale has no effect with attack {self.attack!r}")
         if self.attack_z is not None and self.attack != "alie":
             raise ValueError(f"attack_z has no effect with attack {self.attack!r}")
+        if self.attack == "none" and (self.attack_claim_samples is not None or self.attack_report_accuracy is not None):
+            raise ValueError("attack_claim_samples and attack_report_accuracy need an attack")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         self.straggler_model()

@@ -26,12 +26,14 @@ class AgentStateDir:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
 
-    def agent_id(self, prefix: str) -> str:
-        """The id made on first start and kept ever after, so a rebooted device is the same agent."""
+    def agent_id(self, prefix: str, proposed: str | None = None) -> str:
+        """The id made on first start and kept ever after, so a rebooted device is the same agent:
+        ``proposed`` (a client certificate's CN) if given, else ``prefix`` and a random suffix."""
         path = self.root / "agent_id"
         if path.exists():
             return check_identifier(path.read_text().strip(), f"agent id in {path}")
-        agent_id = f"{prefix}-{secrets.token_hex(4)}"
+        agent_id = (check_identifier(proposed, "agent id (the certificate's CN)") if proposed
+                    else f"{prefix}-{secrets.token_hex(4)}")
         atomic_write_bytes(path, agent_id.encode())
         return agent_id
 

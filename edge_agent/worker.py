@@ -104,10 +104,12 @@ class LocalWorker:
         common = dict(
             run_id=announcement.run_id, agent_id=self.agent_id, round=announcement.round, task=announcement.task,
             task_ref=self.task.card.ref, family=self.family, base_digest=global_state.digest if global_state is not None else None,
-            num_samples=len(train),
+            num_samples=(self.attack.claim_samples if self.attack is not None else None) or len(train),
         )
         check_finite("the global model", [before.loss])
         if announcement.task == "evaluate":
+            if self.attack is not None:
+                before = self.attack.misreport(before)
             metrics = TrainMetrics(eval_loss=before.loss, eval_accuracy=before.accuracy, num_eval_samples=before.samples,
                                    extra={**_named("eval_", before.metrics), **algorithm.metrics(model, held_out)})
             return Update(**common, metrics=metrics, privacy=self.privacy_spent())

@@ -9,7 +9,11 @@ amqtt 0.12 notes (checked with ``python -m launcher.brokercheck``):
   subscriptions (not just the new client's); our clients parse every topic and ignore kinds
   they did not ask for, so this only costs bytes;
 * it keeps everything in memory and is single-threaded Python: fine for a demo fleet,
-  not for load tests (use Mosquitto there).
+  not for load tests (use Mosquitto there);
+* it speaks MQTT 3.1.1 only: it answers an MQTT 5 CONNECT with "unacceptable protocol version",
+  except one that carries a last will, which it never answers (its parser waits for bytes that
+  do not come), so clients of it are configured with ``mqtt_version`` 3.1.1 (``mqtt_version``
+  below), and a refused publish cannot be seen by them.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class LocalBroker:
 
     host = HOST
     port = 0
+    mqtt_version = "auto"
+    """What clients of this broker set as their mqtt_version setting."""
 
     @property
     def url(self) -> str:
@@ -92,6 +98,7 @@ class EmbeddedBroker(LocalBroker):
     """A pure-Python amqtt broker on its own asyncio loop in a daemon thread."""
 
     name = "amqtt (embedded)"
+    mqtt_version = "3.1.1"  # see the module's notes
 
     def __init__(self, port: int = 0, *, quiet: bool = True) -> None:
         self.port = port

@@ -1,7 +1,8 @@
 """A quick check that a broker does what the system needs: ``python -m launcher.brokercheck [amqtt|mosquitto]``.
 
 Retained messages (and clearing them), QoS 1, multi-MB payloads live and retained, last
-wills, and a burst of QoS 1 messages, all with paho-mqtt 2.x clients.
+wills, and a burst of QoS 1 messages, all with paho-mqtt 2.x clients; and which MQTT version
+it speaks (informative: amqtt speaks 3.1.1 only).
 """
 
 from __future__ import annotations
@@ -132,7 +133,27 @@ def check_burst(broker: LocalBroker, count: int = 2000) -> str:
     return f"{count} QoS 1 messages in {elapsed:.2f}s ({count / elapsed:.0f}/s)"
 
 
-CHECKS: list[Callable[[LocalBroker], str]] = [check_retained, check_large, check_will, check_burst]
+def check_mqtt5(broker: LocalBroker) -> str:
+    """Informative, never failing: whether the broker speaks MQTT 5 (whose reason codes show refused
+    publishes) or only 3.1.1, for which clients need mqtt_version 3.1.1 (or auto, if it says so)."""
+    answers: queue.Queue[paho.ReasonCode] = queue.Queue()
+    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id=f"check-{uuid.uuid4().hex[:8]}",
+                         protocol=paho.MQTTv5)
+    client.on_connect = lambda c, u, f, rc, p: answers.put(rc)
+    client.connect(broker.host, broker.port, keepalive=30)
+    client.loop_start()
+    try:
+        code = answers.get(timeout=10)
+    except queue.Empty:
+        return "MQTT 5 CONNECT not answered: clients need mqtt_version 3.1.1"
+    finally:
+        _close(client)
+    if code.is_failure:
+        return f"MQTT 5 refused ({code}): 3.1.1 only, where refused publishes cannot be seen (mqtt_version auto falls back)"
+    return "MQTT 5 spoken: refused publishes and subscriptions are seen by the clients"
+
+
+CHECKS: list[Callable[[LocalBroker], str]] = [check_retained, check_large, check_will, check_burst, check_mqtt5]
 
 
 def run_checks(broker: LocalBroker) -> bool:

@@ -170,7 +170,10 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     console.print(f"run directory [bold]{run_dir}[/], broker {broker_name} at {broker_url}, "
                   f"{config.agents} agents ({', '.join(sorted({a.device for a in spec.agents}))}), "
                   f"{config.rounds} rounds")
-    fleet = Fleet(run_dir, broker_url, spec, coordinator_settings(config), federation=federation_name(run_dir))
+    coordinator = coordinator_settings(config)
+    if broker is not None and broker.mqtt_version != "auto":  # amqtt speaks MQTT 3.1.1 only (launcher/broker.py)
+        spec.agent_settings["mqtt_version"] = coordinator["mqtt_version"] = broker.mqtt_version
+    fleet = Fleet(run_dir, broker_url, spec, coordinator, federation=federation_name(run_dir))
     reason = ""
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -38,6 +38,10 @@ Task = Literal["train", "evaluate"]
 VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,31}$"
 TaskVersion = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
 
+Epoch = Annotated[int, Field(ge=0, lt=2**63)]
+"""A counter that only moves forward (freshness, docs/protocol.md): the coordinator's run epoch, an agent's
+process epoch, a status sequence number. 0: a sender that predates freshness."""
+
 MAX_AGENTS_PER_ROUND = 10_000
 MAX_CLASSES = 100_000
 """The most classes a task's label space may declare (``TaskCard.classes``), and so ``label_counts`` may hold."""
@@ -60,6 +64,8 @@ class CoordinatorStatus(Message):
     algorithm: Algorithm
     version: str = Field(max_length=64)
     timestamp: float
+    epoch: Epoch = 0
+    """The run's epoch: higher for every new run, kept by a resumed one; agents drop what an older epoch signed."""
 
 
 class TaskRef(WireModel):
@@ -101,6 +107,9 @@ class AgentStatus(Message):
     """Broker reconnections of this agent process so far."""
     rejected: NonNegativeInt = 0
     """Messages this agent process dropped (unsigned, forged, inconsistent or malformed) so far."""
+    denied: NonNegativeInt = 0
+    """Publishes and subscriptions of this agent process the broker refused so far (MQTT 5 reason code
+    0x80 or above, e.g. 0x87 not authorized; always 0 over MQTT 3.1.1, which cannot tell)."""
     task_ref: TaskRef
     """The task this agent runs."""
     layout: Digest
@@ -112,6 +121,10 @@ class AgentStatus(Message):
     classes), summing to ``num_samples``: what heterogeneity-aware weighting compares with the
     federation's label distribution. None for regression tasks and for agents under DP (a histogram
     of the raw training records is not covered by DP-SGD, so a DP agent leaves it out)."""
+    epoch: Epoch = 0
+    """This agent process's epoch: higher at every process start (kept in its state directory)."""
+    seq: Epoch = 0
+    """Statuses of this process, counted from 1; 0 is its last will. (epoch, seq) orders an agent's statuses."""
 
     @model_validator(mode="after")
     def _check(self) -> AgentStatus:
@@ -177,6 +190,8 @@ class RoundAnnouncement(Message):
     """How agents compress their delta's float arrays (``protocol.compression.CompressionSpec`` text).
     An open set of kinds: one this agent does not know decodes, and it answers uncompressed, saying
     why in ``Update.compression_declined``."""
+    epoch: Epoch = 0
+    """The run's epoch (as in ``CoordinatorStatus``)."""
 
     @model_validator(mode="after")
     def _refs_match_families(self) -> RoundAnnouncement:
@@ -202,6 +217,8 @@ class GlobalState(Message):
     prototypes: Array | None = None
     """FedProto global prototypes, shape [classes, dim]; rows with zero count are unused."""
     prototype_counts: Array | None = None
+    epoch: Epoch = 0
+    """The run's epoch (as in ``CoordinatorStatus``); not part of the digest, which covers the arrays only."""
 
     @staticmethod
     def compute_digest(

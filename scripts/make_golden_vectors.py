@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import json
 import math
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,12 @@ DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "golden"
 FEDERATION, RUN_ID, SESSION, AGENT = "greenhouse", "3f9a1c2b7d4e", "c0ffee123456", "agent-1"
 FAMILY, TASK = "mlp_tiny", TaskRef(name="golden", version="1")
 TIMESTAMP = 1767225600.25  # 2026-01-01T00:00:00.25Z
+EPOCH = 1767225600250
+"""The run's epoch: the coordinator's wall clock in milliseconds when the run started."""
+OLD_RUN_ID, OLD_EPOCH = "0a1d0a1d0a1d", EPOCH - 86_400_000
+"""A run of the same coordinator key a day earlier, whose messages are replayed."""
+AGENT_EPOCH = 1767225590125
+"""The agent process's epoch (its start, in milliseconds)."""
 COORDINATOR_SEED = hashlib.sha256(b"edgefl golden vectors: coordinator key").digest()
 """A published test key: never use it for anything but these vectors."""
 INT8_SEED = 7
@@ -154,18 +161,19 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
     layout_note = {"layout_preimage": layout_preimage(weights)}
 
     status = CoordinatorStatus(federation=FEDERATION, run_id=RUN_ID, session=SESSION, state="online", round=3,
-                               algorithm="fedprox", version="0.1.0", timestamp=TIMESTAMP)
+                               algorithm="fedprox", version="0.1.0", timestamp=TIMESTAMP, epoch=EPOCH)
     v.message("coordinator_status", status, TOPICS.coordinator_status, True,
               "The coordinator's retained status (sent signed in a real run; see round_signed).")
 
     hello = AgentStatus(agent_id=AGENT, state="online", device="rpi", family=FAMILY, num_samples=120,
                         num_eval_samples=40, version="0.1.0", timestamp=TIMESTAMP, session="a1b2c3d4e5f6",
-                        task_ref=TASK, layout=layout, label_counts=np.array([50, 40, 30], dtype="<i8"))
+                        task_ref=TASK, layout=layout, label_counts=np.array([50, 40, 30], dtype="<i8"),
+                        epoch=AGENT_EPOCH, seq=7)
     v.message("agent_status", hello, TOPICS.agent_status(AGENT), True,
               "An agent's retained hello/heartbeat, with its label counts (sum = num_samples).", **layout_note)
 
     state = GlobalState(run_id=RUN_ID, family=FAMILY, round=2, weights=weights,
-                        digest=GlobalState.compute_digest(weights, {}, None, None))
+                        digest=GlobalState.compute_digest(weights, {}, None, None), epoch=EPOCH)
     preimage = digest_preimage([("weights", weights), ("control", {}), ("prototypes", {})])
     state_bytes = v.message("global_state", state, TOPICS.global_state(FAMILY, 2), True,
                             "A family's global state with three arrays (float32 2-D and 1-D, int64 0-d).",
@@ -175,7 +183,7 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
         run_id=RUN_ID, round=3, task="train", task_ref=TASK, layouts={FAMILY: layout}, algorithm="fedprox",
         training=LocalTraining(epochs=1, learning_rate=0.05, batch_size=32), params={"mu": 0.01},
         selected=[AGENT, "agent-2"], states={FAMILY: StateRef(family=FAMILY, round=2, digest=state.digest)},
-        init_seed=42, issued_at=TIMESTAMP, deadline_s=60.0, last_round=10, compression="topk:0.5")
+        init_seed=42, issued_at=TIMESTAMP, deadline_s=60.0, last_round=10, compression="topk:0.5", epoch=EPOCH)
     round_bytes = v.message("round", announcement, TOPICS.rounds_current, True,
                             "Round 3 of a FedProx run: trains from global_state, compresses with topk:0.5.")
 
@@ -220,8 +228,61 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
                   f"{CHUNK_MAX_MESSAGE_BYTES} ({piece} data bytes a chunk).",
                   max_message_bytes=CHUNK_MAX_MESSAGE_BYTES, whole_file="global_state_signed.msgpack")
 
+    _freshness(v, status, state, announcement, hello, key)
     _rejects(v, status, state, round_bytes, key)
     return v.items
+
+
+def _freshness(v: Vectors, status: CoordinatorStatus, state: GlobalState, announcement: RoundAnnouncement,
+               hello: AgentStatus, key: SigningKey) -> None:
+    """Messages that decode and verify, but that a receiver in a given state acts on or drops (docs/protocol.md,
+    Freshness). Sidecars: ``receiver`` and ``cases``, each the receiver's state, the ``outcome`` (accept, follow
+    a newer epoch, drop) and the reason counted for a drop."""
+    agent_in_run = {"epoch": EPOCH, "run_id": RUN_ID}
+
+    def coordinator_message(name: str, message: Message, topic: str, description: str,
+                            cases: list[dict[str, Any]]) -> None:
+        plain = encode_message(message)
+        v.add(f"freshness/{name}", encode_message(key.seal(plain)), topic, True, description,
+              fields_of(key.seal(plain)), inner_fields=fields_of(message), public_key=key.public_key.to_text(),
+              receiver="agent", cases=cases)
+
+    old = {"run_id": OLD_RUN_ID, "epoch": OLD_EPOCH}
+    coordinator_message(
+        "finished_of_an_older_epoch", status.model_copy(update={**old, "state": "finished", "round": 5}),
+        TOPICS.coordinator_status, "An earlier run's genuine 'finished' status, published again during this run.",
+        [{"state": agent_in_run, "outcome": "drop", "reason": "stale_epoch"},
+         {"state": {"epoch": OLD_EPOCH, "run_id": OLD_RUN_ID}, "outcome": "accept", "reason": None}])
+    coordinator_message(
+        "round_of_an_older_epoch", announcement.model_copy(update={**old, "round": 5, "issued_at": TIMESTAMP + 30}),
+        TOPICS.rounds_current, "An earlier run's last announcement (still within its deadline), published again.",
+        [{"state": agent_in_run, "outcome": "drop", "reason": "stale_epoch"}])
+    coordinator_message(
+        "global_state_of_an_older_epoch", state.model_copy(update={**old, "round": 4}), TOPICS.global_state(FAMILY, 4),
+        "An earlier run's global state for a round this run has not reached (same digest: the epoch is not in it).",
+        [{"state": agent_in_run, "outcome": "drop", "reason": "stale_epoch"}])
+    coordinator_message(
+        "round_of_a_newer_epoch", announcement.model_copy(update={"run_id": "5eed5eed5eed", "epoch": EPOCH + 3_600_000,
+                                                                  "round": 1}),
+        TOPICS.rounds_current, "A new run of the same coordinator key: agents follow it.",
+        [{"state": agent_in_run, "outcome": "follow", "reason": None}])
+    mark = {"epoch": AGENT_EPOCH, "seq": 7, "will_after": None}
+    v.message("freshness/agent_status_of_an_older_process",
+              hello.model_copy(update={"epoch": AGENT_EPOCH - 3_600_000, "seq": 412}), TOPICS.agent_status(AGENT), True,
+              "The agent's status from its previous process (sent signed in a real run), published again.",
+              receiver="coordinator", cases=[{"state": mark, "outcome": "drop", "reason": "stale_status"}])
+    v.message("freshness/agent_status_older_seq", hello.model_copy(update={"seq": 6}), TOPICS.agent_status(AGENT), True,
+              "The status before agent_status (same process, seq 6), published again.",
+              receiver="coordinator", cases=[{"state": mark, "outcome": "drop", "reason": "stale_status"},
+                                             {"state": None, "outcome": "accept", "reason": None}])
+    will = hello.model_copy(update={"state": "offline", "seq": 0})
+    v.message("freshness/agent_will", will, TOPICS.agent_status(AGENT), True,
+              "The agent's last will (seq 0): taken once per process, stale once a status of that process followed it.",
+              receiver="coordinator", cases=[
+                  {"state": mark, "outcome": "accept", "reason": None},
+                  {"state": {"epoch": AGENT_EPOCH, "seq": 7, "will_after": 7}, "outcome": "accept", "reason": None},
+                  {"state": {"epoch": AGENT_EPOCH, "seq": 8, "will_after": 7}, "outcome": "drop",
+                   "reason": "stale_status"}])
 
 
 def _rejects(v: Vectors, status: CoordinatorStatus, state: GlobalState, round_bytes: bytes, key: SigningKey) -> None:
@@ -249,7 +310,9 @@ def _rejects(v: Vectors, status: CoordinatorStatus, state: GlobalState, round_by
     reject("unknown_kind", encode({**fields, "kind": "gossip"}), "schema", "A kind no model has.")
     reject("string_for_int", encode({**fields, "round": "3"}), "schema", "round as a string: no coercion.")
     reject("trailing_bytes", good + b"\xc0", "malformed", "A nil after the message: the payload must be one value.")
-    reject("timestamp_ext", good[:-9] + b"\xd6\xff" + (1767225600).to_bytes(4, "big"), "unknown_extension",
+    float64 = b"\xcb" + struct.pack(">d", status.timestamp)
+    assert good.count(float64) == 1
+    reject("timestamp_ext", good.replace(float64, b"\xd6\xff" + (1767225600).to_bytes(4, "big")), "unknown_extension",
            "timestamp as a msgpack timestamp (ext type -1) instead of a float64.")
     reject("nan_float", encode({**fields, "timestamp": float("nan")}), "non_finite", "A NaN scalar field.")
     state_bytes = encode_message(state)

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
+from protocol.transport.address import MqttVersion
 from protocol.transport.mqtt import BrokerAddress, tls_file_setting
 
 
@@ -24,6 +25,9 @@ class BrokerSettings(BaseSettings):
     cert_file: Path | None = Field(default=None, description=(
         "PEM client certificate, for brokers that authenticate clients by certificate (mqtts:// only; with key_file)"))
     key_file: Path | None = Field(default=None, description="PEM private key of cert_file (mqtts:// only)")
+    mqtt_version: MqttVersion = Field(default="auto", description=(
+        "MQTT version spoken to the broker: 5 (refused publishes and subscriptions are seen, e.g. an ACL's denial), "
+        "3.1.1 (they cannot be seen), or auto: 5, and 3.1.1 if the broker answers 'unsupported protocol version'"))
     reconnect_min_s: float = Field(default=0.5, gt=0.0, le=60.0, description="first broker reconnect back-off")
     reconnect_max_s: float = Field(default=30.0, gt=0.0, le=3600.0, description="longest broker reconnect back-off")
 
@@ -34,6 +38,11 @@ class BrokerSettings(BaseSettings):
         return value
 
     _tls_file = field_validator("ca_file", "cert_file", "key_file")(tls_file_setting)
+
+    @field_validator("mqtt_version", mode="before")
+    @classmethod
+    def _mqtt_version(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value  # YAML's 5
 
     @model_validator(mode="after")
     def _broker_consistent(self) -> BrokerSettings:
@@ -46,4 +55,4 @@ class BrokerSettings(BaseSettings):
     def broker_address(self) -> BrokerAddress:
         password = self.broker_password.get_secret_value() if self.broker_password else None
         return BrokerAddress.parse(self.broker_url).with_credentials(self.broker_username, password).with_tls_files(
-            self.ca_file, self.cert_file, self.key_file)
+            self.ca_file, self.cert_file, self.key_file).with_mqtt_version(self.mqtt_version)

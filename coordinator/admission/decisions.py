@@ -22,7 +22,9 @@ class Accept:
     staleness: int = 0
     """Global versions published since the update's base (0 in synchronous rounds)."""
     norm: float | None = None
-    """The L2 norm of its delta, once checked (the engine feeds it to the next round's reference)."""
+    """The L2 norm of its delta (the engine clips it against the round's median)."""
+    samples: int | None = None
+    """Set when the update claimed more samples than it may count for: the number it counts for."""
 
 
 @dataclass(frozen=True)

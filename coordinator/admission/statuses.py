@@ -14,6 +14,9 @@ def admit_status(status: AgentStatus, topic_agent: str, signer: str | None, view
         return Reject(RejectReason.SIGNER_MISMATCH, f"status of {status.agent_id} signed by {signer}'s key")
     if status.agent_id != topic_agent:
         return Reject(RejectReason.TOPIC_MISMATCH, f"status names {status.agent_id}")
+    stale = view.agents.stale(status)
+    if stale is not None:  # a replay: genuine (signed), but older than what the agent said since
+        return Reject(RejectReason.STALE_STATUS, stale)
     refusal = view.agents.refusal(status.agent_id, view.now)
     if refusal is not None:
         return Reject(RejectReason.REGISTRY_FULL, refusal)

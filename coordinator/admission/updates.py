@@ -1,9 +1,10 @@
 """Admitting an update: a decoded, signature-checked update and a view in, a decision out.
 
 Every policy's decision is framed by the same checks: first that the update is on its own topic
-and of this run, then (once the policy accepts it) the bound on its delta's norm and, with KL
-weighting, its label-skew factor. The checks a policy composes (``agent_checks``, ``task_checks``)
-live here too, so every policy applies them alike.
+and of this run, then (once the policy accepts it) the weight it may count for (a claim over the
+bound is clipped, not rejected), its delta's norm (the engine clips it against the round's median)
+and, with KL weighting, its label-skew factor. ``agent_checks``, which every policy composes, lives
+here too.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import replace
 
 from coordinator.admission.decisions import Accept, Decision, Reject
 from coordinator.admission.view import AdmissionView, UpdatePolicy
+from coordinator.aggregation.running_mean import l2_norm
 from coordinator.reasons import RejectReason
 from protocol.messages import Update
 from protocol.topics import ParsedTopic
@@ -25,11 +27,11 @@ def admit_update(topic: ParsedTopic, update: Update, view: AdmissionView, policy
     decision = policy.decide(topic, update, view)
     if not isinstance(decision, Accept):
         return decision
+    cap = view.sample_cap(update.agent_id)
+    if update.num_samples > cap:  # counted for what the coordinator knows it may weigh, not rejected
+        decision = replace(decision, samples=cap)
     if update.delta:
-        norm = view.norms.check(update.family, update.delta)
-        if isinstance(norm, Reject):
-            return norm
-        decision = replace(decision, norm=norm)
+        decision = replace(decision, norm=l2_norm(update.delta))
     if view.weighting == "kl" and update.task == "train":
         decision = replace(decision, weight=decision.weight * view.labels.weight_factor(update.agent_id,
                                                                                           view.kl_temperature))
@@ -47,12 +49,9 @@ def run_checks(topic: ParsedTopic, update: Update, view: AdmissionView) -> Rejec
 
 
 def agent_checks(update: Update, view: AdmissionView) -> Reject | None:
-    """The family the agent's status named, no more weight than it may claim, and the run's task and layout."""
+    """The family the agent's status named, and the run's task and layout."""
     family = view.agents.family_of(update.agent_id)
     if family is not None and update.family != family:
         return Reject(RejectReason.WRONG_FAMILY, f"family {update.family}, status says {family}")
-    cap = view.sample_cap(update.agent_id)
-    if update.num_samples > cap:
-        return Reject(RejectReason.TOO_MANY_SAMPLES, f"claims {update.num_samples} samples, at most {cap}")
     assert view.open_round is not None, "policies check agents of an open round only"
     return view.task.check_update(update, view.open_round.announcement)

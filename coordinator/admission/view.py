@@ -7,11 +7,11 @@ admission imports nothing above its floor (not the engine, not the strategies).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from coordinator.admission.decisions import Decision, Reject
-from coordinator.admission.norms import NormGuard
 from coordinator.admission.task_agreement import TaskAgreement
 from coordinator.state.rounds import OpenRound
 from coordinator.state.versions import VersionLog
@@ -40,12 +40,20 @@ class LabelWeights(Protocol):
     def label_problem(self, status: AgentStatus) -> str | None: ...
 
 
+class AppliedView(Protocol):
+    def newest(self, agent_id: str) -> int | None:
+        """The newest version whose update of this agent was applied; None: none yet."""
+
+
 class AgentsView(Protocol):
     def family_of(self, agent_id: str) -> str | None:
         """The family its last status named; None: never heard of it."""
 
     def refusal(self, agent_id: str, now: float) -> str | None:
         """Why a status of this agent cannot be recorded now (the registry is full of live agents), or None."""
+
+    def stale(self, status: AgentStatus) -> str | None:
+        """Why ``status`` is older than the newest one heard from its agent (a replay), or None."""
 
 
 @dataclass(frozen=True)
@@ -62,18 +70,30 @@ class AdmissionView:
     task: TaskAgreement
     payloads: PayloadChecks
     versions: VersionLog
-    norms: NormGuard
+    applied: AppliedView
     labels: LabelWeights
     enrolled: EnrolledCaps | None
     """None: enrollment is open (no per-agent caps)."""
     max_samples: int
+    """The most samples any update may count for (an enrollment's max_samples replaces it for that agent)."""
+    claim_cap_multiple: float
+    """Without an enrolled cap, an update counts for at most this times the round's median claim (0: no cap)."""
     weighting: Literal["samples", "kl"]
     kl_temperature: float
 
     def sample_cap(self, agent_id: str) -> int:
-        """The most samples (weight) an update of this agent may claim."""
+        """The most samples (weight) an update of this agent counts for: a bound the device cannot set.
+
+        The operator's enrolled ``max_samples`` where given; otherwise a multiple of the median sample
+        count the round's selected agents reported when it opened (one device cannot move a median),
+        and never more than ``max_samples``."""
         own = self.enrolled.max_samples_of(agent_id) if self.enrolled is not None else None
-        return min(self.max_samples, own or 2**62)
+        if own:
+            return min(self.max_samples, own)
+        median = self.open_round.median_claim if self.open_round is not None else None
+        if median is None or self.claim_cap_multiple <= 0:
+            return self.max_samples
+        return min(self.max_samples, max(1, math.ceil(self.claim_cap_multiple * median)))
 
 
 class UpdatePolicy(Protocol):

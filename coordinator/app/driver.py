@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 from coordinator.round.actions import Action, Background, Publish, Resumed, RoundClosed, Save
 from coordinator.round.closure import Closure
 from coordinator.round.engine import RoundEngine
+from coordinator.round.epochs import FRESHNESS
 from coordinator.round.opening import OPEN_ROUND
 from coordinator.round.resume import Saved
 from coordinator.state.checkpoint import CHECKPOINT, CheckpointStore
@@ -64,7 +65,7 @@ class EngineDriver:
     # -- events in ------------------------------------------------------------------------
     def restore(self) -> None:
         saved = Saved(self.store.load(CHECKPOINT), self.store.load(OPEN_ROUND), self.store.load(RETAINED),
-                      str(self.store.directory))
+                      str(self.store.directory), self.store.load(FRESHNESS))
         self.perform(self.engine.restore(saved))
 
     def on_message(self, topic: str, payload: bytes) -> None:

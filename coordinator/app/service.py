@@ -11,8 +11,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from coordinator.app.driver import EngineDriver
+from coordinator.app.gate import SenderGate, sender_bounds
 from coordinator.app.http_server import HealthServer
-from coordinator.app.inbox import BoundedInbox
+from coordinator.app.inbox import FairInbox
 from coordinator.round.engine import RoundEngine
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.checkpoint import CheckpointStore
@@ -43,7 +44,11 @@ class CoordinatorService:
                                   signing_key=load_or_create_signing_key(settings.signing_key_path))
         self.driver = EngineDriver(self.engine, self, CheckpointStore(settings.state_dir), background=self._background,
                                    on_round_closed=self._round_closed, on_resumed=self._resumed)
-        self._inbox = BoundedInbox(INBOX_BYTES)
+        parts = self.engine.parts
+        # Queued per sender and served in turn; what no enrolled agent sent is dropped before queueing (gate.py).
+        self._gate = SenderGate(parts.topics, self.metrics, parts.enrollment)
+        self._inbox = FairInbox(INBOX_BYTES, sender_bounds(settings.max_update_bytes,
+                                                           parts.intake.status_limits.max_payload_bytes))
         self._link: MqttLink | None = None
         self._restored = False
         self._last_loop = time.monotonic()
@@ -63,13 +68,15 @@ class CoordinatorService:
         topics = self.engine.parts.topics
         self._link = MqttLink(
             self.settings.mqtt_client_id, self.settings.broker_address(),
-            on_message=lambda topic, payload, retained: self._inbox.put(("message", topic, payload), len(payload)),
+            on_message=lambda topic, payload, retained: self._received(topic, payload),
             subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1)],
             will=Will(topics.coordinator_status, self.engine.offline_status()),
             persistent_session=True,
             backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),
-            on_connected=lambda connection: self._inbox.put(("connected", connection, None)),
-            on_disconnected=lambda: self._inbox.put(("disconnected", None, None)),
+            on_connected=lambda connection: self._inbox.put_control(("connected", connection, None)),
+            on_disconnected=lambda: self._inbox.put_control(("disconnected", None, None)),
+            # The link logs the first refusal of each kind; the metric counts them all (thread-safe).
+            on_denied=lambda denial: self.metrics.broker_denials.labels(denial.action).inc(),
         )
         self._link.start()
         try:
@@ -95,6 +102,13 @@ class CoordinatorService:
                 self._dispatch(item)
                 handled += 1
                 item = self._inbox.get(timeout=0) if handled < DRAIN_MAX else None
+
+    def _received(self, topic: str, payload: bytes) -> None:
+        """On the network thread: queue a message under its sender, unless the gate or the sender's bound drops it."""
+        parsed = self._gate.admit(topic, payload)
+        if parsed is not None and not self._inbox.put(("message", topic, payload), len(payload),
+                                                      sender=parsed.agent_id or "", lane=parsed.kind):
+            self._gate.over_bound(parsed, payload, self._inbox.bounds.get(parsed.kind))
 
     def _dispatch(self, item: tuple[str, object, object]) -> None:
         kind, first, second = item

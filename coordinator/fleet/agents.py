@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+from coordinator.fleet.freshness import StatusMark, advanced
 from protocol.messages import AgentStatus, PrivacySpent
 
 
@@ -57,6 +58,9 @@ class AgentRegistry:
         self.timeout_s = timeout_s
         self.capacity = capacity
         self._agents: OrderedDict[str, AgentRecord] = OrderedDict()
+        self._marks: OrderedDict[str, StatusMark] = OrderedDict()
+        """The newest (epoch, seq) heard per agent (``coordinator.fleet.freshness``), kept when its record is
+        forgotten so that a replay cannot bring it back; as bounded as the records, least recently heard out."""
 
     def refusal(self, agent_id: str, now: float) -> str | None:
         """Why a status of ``agent_id`` cannot be recorded now (full of live agents), or None. Reads only."""
@@ -66,6 +70,24 @@ class AgentRegistry:
         if oldest.heard_within(now, self.timeout_s):
             return f"{len(self._agents)} agents known, all heard within {self.timeout_s:g}s"
         return None
+
+    def stale(self, status: AgentStatus) -> str | None:
+        """Why ``status`` is older than the newest one heard from its agent (a replay), or None. Reads only."""
+        mark = self._marks.get(status.agent_id)
+        return None if mark is None else mark.staleness(status.epoch, status.seq)
+
+    def marks(self) -> dict[str, list[int]]:
+        """The freshness marks, for the state directory: a restarted coordinator still knows what is old."""
+        return {agent_id: mark.to_list() for agent_id, mark in self._marks.items()}
+
+    def load_marks(self, saved: dict[str, list[int]]) -> None:
+        for agent_id, mark in list(saved.items())[-self.capacity:]:
+            self._marks[agent_id] = StatusMark.from_list(mark)
+
+    def _close_mark(self, agent_id: str) -> None:
+        mark = self._marks.get(agent_id)
+        if mark is not None:
+            mark.closed = True
 
     def family_of(self, agent_id: str) -> str | None:
         record = self._agents.get(agent_id)
@@ -85,6 +107,11 @@ class AgentRegistry:
             if refusal is not None:
                 raise RegistryFull(refusal)
             del self._agents[oldest.agent_id]
+            self._close_mark(oldest.agent_id)
+        self._marks[status.agent_id] = advanced(self._marks.get(status.agent_id), status.epoch, status.seq)
+        self._marks.move_to_end(status.agent_id)
+        if len(self._marks) > self.capacity:
+            self._marks.popitem(last=False)
         restarted = (previous is not None and status.session is not None
                      and previous.status.session is not None and status.session != previous.status.session)
         if previous is None:
@@ -108,6 +135,7 @@ class AgentRegistry:
                 break
             gone.append(oldest.agent_id)
             del self._agents[oldest.agent_id]
+            self._close_mark(oldest.agent_id)
         return gone
 
     def budget_spent(self, agent_id: str, privacy: PrivacySpent) -> None:
@@ -119,9 +147,13 @@ class AgentRegistry:
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""
         self._agents.pop(agent_id, None)
+        self._close_mark(agent_id)
 
     def __len__(self) -> int:
         return len(self._agents)
+
+    def agent_ids(self) -> list[str]:
+        return list(self._agents)
 
     def get(self, agent_id: str) -> AgentRecord | None:
         return self._agents.get(agent_id)
@@ -154,3 +186,7 @@ class AgentRegistry:
 
     def online_by_device(self, now: float) -> Counter[str]:
         return Counter(r.status.device for r in self.available(now))
+
+    def denied_by_device(self, now: float) -> Counter[str]:
+        """Agents heard within the timeout whose broker refused some of their messages (``denied``)."""
+        return Counter(r.status.device for r in self._live(now) if r.status.denied)

@@ -101,6 +101,12 @@ class Enrollment:
     def __len__(self) -> int:
         return len(self._by_agent)
 
+    def agent_ids(self) -> list[str]:
+        """Every enrolled agent, the file read again if it changed (at most once a second)."""
+        if self.clock() - self._checked >= RELOAD_EVERY_S:
+            self._reload()
+        return list(self._by_agent)
+
     def _reload(self) -> None:
         self._checked = self.clock()
         try:

@@ -65,6 +65,9 @@ class FedBuffPolicy(RoundPolicy):
                                                   f"(at most {self.max_staleness})")
         if view.agents.family_of(update.agent_id) is None:
             return Reject(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
+        applied = view.applied.newest(update.agent_id)
+        if applied is not None and update.round <= applied:  # a replay, or a copy of one already in a buffer
+            return Reject(RejectReason.DUPLICATE, f"an update of version {applied} was already applied")
         buffered = open_round.updates.get(update.agent_id)
         if buffered is not None:
             if buffered.round == update.round:

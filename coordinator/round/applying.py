@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
+
 from coordinator.admission.decisions import Accept, Decision, Defer, Forget, Observe, Reject, StatusDecision
 from coordinator.admission.intake import Refused, UpdateIn
 from coordinator.admission.view import AdmissionView
+from coordinator.aggregation.running_mean import l2_norm
 from coordinator.reasons import RejectReason
+from coordinator.round.norm_clip import clipped
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
+from protocol.messages import Update
 
 log = logging.getLogger("coordinator.round.engine")
 
@@ -26,9 +31,9 @@ def admission_view(parts: EngineParts, run: RunState, now: float) -> AdmissionVi
     s = parts.settings
     return AdmissionView(
         run_id=run.run_id, next_round=run.next_round, open_round=run.open, closing=run.closing, now=now,
-        agents=parts.registry, task=parts.task, payloads=parts.strategy, versions=parts.versions, norms=parts.norms,
-        labels=parts.labels, enrolled=parts.enrollment, max_samples=s.max_samples_per_update, weighting=s.weighting,
-        kl_temperature=s.kl_temperature)
+        agents=parts.registry, task=parts.task, payloads=parts.strategy, versions=parts.versions, applied=parts.applied,
+        labels=parts.labels, enrolled=parts.enrollment, max_samples=s.max_samples_per_update,
+        claim_cap_multiple=s.claim_cap_multiple, weighting=s.weighting, kl_temperature=s.kl_temperature)
 
 
 def apply_status(parts: EngineParts, run: RunState, agent_id: str, decision: StatusDecision, now: float) -> None:
@@ -68,6 +73,7 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
 def forget(parts: EngineParts, agent_id: str) -> None:
     """A cleared retained status (decommissioned), or silent past ``forget_agents_after_s``."""
     parts.registry.forget(agent_id)
+    parts.applied.forget(agent_id)
     parts.privacy.forget(agent_id)
     parts.labels.forget(agent_id)
 
@@ -89,20 +95,54 @@ def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision:
 def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept) -> None:
     assert run.open is not None, "admission accepts updates of an open round only"
     update, m = inbound.update, parts.metrics
-    if accept.norm is not None:
-        parts.norms.accepted(update.family, accept.norm)
+    if accept.samples is not None:
+        update = _claiming(update, accept.samples)
+        run.open.clipped_claims.append(update.agent_id)
+        m.updates_clipped.labels("claim").inc()
     if update.task == "train":
         m.staleness.observe(accept.staleness)
+        parts.applied.record(update.agent_id, update.round)
     residual = update.metrics.extra.get("ef_residual_norm")
     if residual is not None:
         m.residual_norm.set(residual)
-    run.open.updates[update.agent_id] = parts.strategy.accumulate(update, accept.weight)
     run.open.bytes_in += inbound.size
     m.updates.labels("accepted").inc()
+    run.open.updates[update.agent_id] = update  # answered; replaced by what the strategy keeps once folded
+    if accept.norm is None:
+        _fold(parts, run, update, accept.weight)
+    else:  # deltas are clipped against the round's median norm, once there is one
+        for (held, weight), bound in run.norm_gate.admit(update.family, (update, accept.weight), accept.norm):
+            _fold(parts, run, held, weight, bound)
     record = parts.registry.get(update.agent_id)
     parts.privacy.observe(update.agent_id, record.status.device if record else "other", update.privacy)
     if update.privacy is not None and update.privacy.exhausted:
         parts.registry.budget_spent(update.agent_id, update.privacy)
+
+
+def _fold(parts: EngineParts, run: RunState, update: Update, weight: float, bound: float | None = None) -> None:
+    assert run.open is not None
+    if bound is not None:
+        delta, was_clipped = clipped(update.delta, l2_norm(update.delta), bound)
+        if was_clipped:
+            update = update.model_copy(update={"delta": delta})
+            run.open.clipped_norms.append(update.agent_id)
+            parts.metrics.updates_clipped.labels("norm").inc()
+    run.open.updates[update.agent_id] = parts.strategy.accumulate(update, weight)
+
+
+def release_held(parts: EngineParts, run: RunState) -> None:
+    """The round closes: fold the deltas still held for want of a median (fewer than HOLD arrived)."""
+    for (update, weight), bound in run.norm_gate.release():
+        _fold(parts, run, update, weight, bound)
+
+
+def _claiming(update: Update, samples: int) -> Update:
+    """``update`` counted for ``samples``: FedProto's per-class counts scaled down alike."""
+    changes: dict[str, object] = {"num_samples": samples}
+    counts = update.prototype_counts
+    if counts is not None and update.num_samples > 0:
+        changes["prototype_counts"] = np.floor(counts * (samples / update.num_samples)).astype(counts.dtype)
+    return update.model_copy(update=changes)
 
 
 def refused(parts: EngineParts, run: RunState, refusal: Refused) -> None:

@@ -11,7 +11,7 @@ from protocol.wire import encode_message
 
 def publish_states(parts: EngineParts, run: RunState) -> int:
     """Every family's global state not yet retained on this connection; the bytes sent."""
-    return parts.publisher.states(parts.strategy.states, run.run_id)
+    return parts.publisher.states(parts.strategy.states, run.run_id, run.epoch)
 
 
 def publish_status(parts: EngineParts, run: RunState, state: str) -> None:
@@ -22,7 +22,7 @@ def coordinator_status(parts: EngineParts, run: RunState, state: str, round_numb
     return CoordinatorStatus(
         federation=parts.settings.federation, run_id=run.run_id or "none", session=run.session, state=state,
         round=round_number, algorithm=parts.strategy.algorithm, version=SOFTWARE_VERSION,
-        timestamp=parts.wall_clock())
+        timestamp=parts.wall_clock(), epoch=run.epoch)
 
 
 def offline_status(parts: EngineParts, run: RunState) -> bytes:

@@ -14,7 +14,9 @@ import logging
 import time
 
 from coordinator.aggregation import AggregationError
+from coordinator.round import epochs
 from coordinator.round.actions import Background, RoundClosed, Save
+from coordinator.round.applying import release_held
 from coordinator.round.broadcast import publish_states, publish_status
 from coordinator.round.closure import Closure
 from coordinator.round.parts import EngineParts
@@ -41,11 +43,12 @@ def aggregate(closure: Closure, strategy: Strategy) -> None:
     closure.aggregate_s = time.perf_counter() - started
 
 
-def summarise(closure: Closure) -> RoundSummary:
-    """The round's summary; timings are completed by the engine once the checkpoint is written."""
+def summarise(closure: Closure, cap_multiple: float) -> RoundSummary:
+    """The round's summary; timings are completed by the engine once the checkpoint is written.
+    ``cap_multiple`` bounds each agent's weight in the evaluation (see telemetry/evaluation.py)."""
     open_round = closure.open_round
-    updates = open_round.updates.values()
-    overall = federated_metrics(updates)
+    updates = list(open_round.updates.values())
+    overall = federated_metrics(updates, cap_multiple)
     answered_by_family: dict[str, int] = {}
     for update in updates:
         answered_by_family[update.family] = answered_by_family.get(update.family, 0) + 1
@@ -59,9 +62,11 @@ def summarise(closure: Closure) -> RoundSummary:
         accuracy=overall.accuracy, loss=overall.loss, train_loss=overall.train_loss, closed_at=closure.closed_at,
         epsilon_max=closure.epsilon_max, budget_exhausted=closure.budget_exhausted,
         families={f: FamilySummary(answered_by_family[f], m.accuracy, m.loss)
-                  for f, m in metrics_by_family(updates).items()},
+                  for f, m in metrics_by_family(updates, cap_multiple).items()},
+        accuracy_median=overall.accuracy_median, accuracy_min=overall.accuracy_min, accuracy_max=overall.accuracy_max,
         detail=closure.detail, publish_s=round(open_round.publish_s, 4), collect_s=round(closure.collect_s, 4),
-        aggregate_s=round(closure.aggregate_s, 4),
+        aggregate_s=round(closure.aggregate_s, 4), clipped_claims=sorted(open_round.clipped_claims),
+        clipped_norms=sorted(open_round.clipped_norms),
     )
 
 
@@ -80,6 +85,7 @@ def begin_close(parts: EngineParts, run: RunState, now: float, ending: tuple[str
     """
     open_round = run.open
     assert open_round is not None
+    release_held(parts, run)
     s = parts.settings
     quorum = open_round.quorum(s.quorum_fraction, s.min_updates)
     outcome, reason = ending or ("completed", None)
@@ -101,10 +107,10 @@ def begin_close(parts: EngineParts, run: RunState, now: float, ending: tuple[str
     run.open = None
     run.next_round = next_round  # updates for the closing round are now late
     run.closing = True
-    return Background(lambda: close_job(parts, run.run_id, closure))
+    return Background(lambda: close_job(parts, run.run_id, closure, run.epoch))
 
 
-def close_job(parts: EngineParts, run_id: str, closure: Closure) -> Closure:
+def close_job(parts: EngineParts, run_id: str, closure: Closure, epoch: int) -> Closure:
     """Off the loop: the only code touching the strategy's states meanwhile. Aggregates, summarises and
     prepares the checkpoint the driver writes before the engine applies the closure."""
     strategy = parts.strategy
@@ -112,18 +118,19 @@ def close_job(parts: EngineParts, run_id: str, closure: Closure) -> Closure:
     if strategy.rows is not None:
         closure.spilled_bytes = strategy.rows.spilled_bytes
     strategy.end_round()
-    closure.summary = summarise(closure)
-    closure.checkpoint = checkpoint(parts, run_id, closure.next_round, closure.finished, closure.summary).data
+    closure.summary = summarise(closure, parts.settings.claim_cap_multiple)
+    closure.checkpoint = checkpoint(parts, run_id, closure.next_round, closure.finished, closure.summary,
+                                    epoch=epoch).data
     return closure
 
 
 def checkpoint(parts: EngineParts, run_id: str, next_round: int, finished: bool,
-               last_summary: RoundSummary | None) -> Save:
+               last_summary: RoundSummary | None, *, epoch: int) -> Save:
     """What resuming needs, and no more: its size does not grow with the run (the rounds log does)."""
     return Save(CHECKPOINT, {
-        "run_id": run_id, "algorithm": parts.strategy.algorithm, "next_round": next_round,
+        "run_id": run_id, "epoch": epoch, "algorithm": parts.strategy.algorithm, "next_round": next_round,
         "finished": finished, "strategy": parts.strategy.state_dict(), "task": parts.task.state_dict(),
-        "versions": parts.versions.state_dict(),
+        "versions": parts.versions.state_dict(), "applied": parts.applied.state_dict(),
         "last_summary": None if last_summary is None else last_summary.to_dict(),
     }, checkpoint=True)
 
@@ -146,12 +153,12 @@ def finish_close(parts: EngineParts, run: RunState, closure: Closure) -> None:
     run.last_summary = summary
     run.finished = closure.finished
     parts.versions.record(parts.strategy.states, run.next_round)  # what the next announcement carries
-    parts.norms.close_round(completed=summary.outcome == "completed" and summary.task == "train")
     m.record_round(summary, finished=run.finished)
     s = parts.settings
     parts.heterogeneity.update(parts.labels, s.kl_temperature if s.weighting == "kl" else None)
     _log_round(summary, closure.stragglers, closure.dropouts)
     parts.actions.add(RoundClosed(summary))
+    parts.actions.add(epochs.save(parts, run))  # the agents' freshness marks, for a restart
     if run.finished:
         publish_states(parts, run)  # the final model, for whoever fetches it
         publish_status(parts, run, "finished")

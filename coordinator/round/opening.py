@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 
 from coordinator.fleet.selection import plan_selection
+from coordinator.fleet.waiting import not_available
 from coordinator.round.actions import Save
 from coordinator.round.broadcast import publish_states, publish_status
+from coordinator.round.norm_clip import NormGate, RoundNorms
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
 from coordinator.state.rounds import OpenRound
@@ -33,8 +36,10 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     if not run.connected or len(available) < s.min_available_agents:
         if now - run.last_wait_log > WAIT_LOG_EVERY_S:
             spent = parts.registry.budget_spent_count(now) if task == "train" else 0
-            log.info("waiting for agents: %d online, %d needed%s", len(available), s.min_available_agents,
-                     f" ({spent} more have spent their privacy budget and train no more)" if spent else "")
+            enrolled = parts.enrollment.agent_ids() if parts.enrollment is not None else ()
+            log.info("waiting for agents: %d online, %d needed%s%s", len(available), s.min_available_agents,
+                     f" ({spent} more have spent their privacy budget and train no more)" if spent else "",
+                     not_available(parts.registry, enrolled, available, now))
             run.last_wait_log = now
         return False
     fraction, minimum, over = parts.policy.selection(task, s.fraction_fit, s.min_fit_agents, s.over_selection)
@@ -47,12 +52,14 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     chosen = set(selected)  # once: the pool may hold 50,000 agents and a round select 10,000
     families = {r.status.family for r in pool if r.agent_id in chosen}
     announcement = announce(parts, run, number, task, selected, families)
+    claims = [r.status.num_samples for r in pool if r.agent_id in chosen]
+    median_claim = float(statistics.median(claims)) if claims else None
     plain = encode_message(announcement)
     parts.actions.add(Save(OPEN_ROUND, {"run_id": run.run_id, "round": number, "announcement": plain,
-                                        "wanted": wanted}))
+                                        "wanted": wanted, "median_claim": median_claim}))
     payload = parts.publisher.sealed(plain)
-    run.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted)
-    begin(parts, run.open)
+    run.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted, median_claim=median_claim)
+    begin(parts, run)
     started = time.perf_counter()
     run.open.bytes_out += publish_states(parts, run)
     run.open.bytes_out += parts.publisher.publish(parts.topics.rounds_current, payload, "round", retain=True)
@@ -80,12 +87,15 @@ def announce(parts: EngineParts, run: RunState, number: int, task: str, selected
         params=parts.strategy.round_params(number), selected=selected,
         states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in parts.strategy.states.items()},
         init_seed=s.init_seed, issued_at=parts.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
-        compression=s.compression if task == "train" else "none",
+        compression=s.compression if task == "train" else "none", epoch=run.epoch,
     )
 
 
-def begin(parts: EngineParts, open_round: OpenRound) -> None:
-    """The strategy's accumulators for a round of at most this many updates (rows spill past the budget)."""
-    parts.strategy.begin_round(len(open_round.selected),
+def begin(parts: EngineParts, run: RunState) -> None:
+    """The strategy's accumulators for a round of at most this many updates (rows spill past the budget),
+    and the round's own norm statistics."""
+    assert run.open is not None
+    parts.strategy.begin_round(len(run.open.selected),
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                                spill_dir=parts.settings.state_dir / "spill")
+    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio))

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.admission.intake import Intake
-from coordinator.admission.norms import NormGuard
 from coordinator.admission.task_agreement import TaskAgreement
 from coordinator.fleet.agents import AgentRegistry
 from coordinator.fleet.enrollment import Enrollment
@@ -21,6 +20,7 @@ from coordinator.policies import RoundPolicy, build_policy
 from coordinator.round.actions import Actions
 from coordinator.round.publishing import Publisher
 from coordinator.settings import CoordinatorSettings
+from coordinator.state.applied import AppliedVersions
 from coordinator.state.retained import RetainedStates
 from coordinator.state.versions import VersionLog
 from coordinator.strategies.base import Strategy
@@ -49,8 +49,9 @@ class EngineParts:
     registry: AgentRegistry
     enrollment: Enrollment | None
     task: TaskAgreement
-    norms: NormGuard
     versions: VersionLog
+    applied: AppliedVersions
+    """Per agent, the newest version whose update was applied (an update counts at most once)."""
     labels: LabelSkew
     """Agents' label counts: the federation's label distribution, KL weighting and skew metrics."""
     heterogeneity: HeterogeneityMetrics
@@ -77,7 +78,7 @@ class EngineParts:
             settings=settings, strategy=strategy, policy=build_policy(settings), metrics=metrics, clock=clock,
             wall_clock=wall_clock, topics=topics,
             registry=AgentRegistry(settings.agent_timeout_s, settings.max_known_agents), enrollment=enrollment,
-            task=task, norms=NormGuard(settings.max_norm_ratio), versions=VersionLog(settings.max_staleness),
+            task=task, versions=VersionLog(settings.max_staleness), applied=AppliedVersions(),
             labels=LabelSkew(task.card.num_classes or None),
             heterogeneity=HeterogeneityMetrics(metrics.registry, device_label=metrics.device_label),
             privacy=FleetPrivacy(metrics), retained=retained, actions=actions,

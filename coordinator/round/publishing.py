@@ -42,13 +42,13 @@ class Publisher:
         self.metrics.messages_sent.labels(kind).inc()
         return len(payload)
 
-    def states(self, states: Mapping[str, FamilyState], run_id: str) -> int:
+    def states(self, states: Mapping[str, FamilyState], run_id: str, epoch: int = 0) -> int:
         """Publish (retained) every family state not yet sent on this connection; clear superseded ones."""
         sent = 0
         for family, state in list(states.items()):
             if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
-            payload = self.sealed(encode_message(state.message(run_id, family)))
+            payload = self.sealed(encode_message(state.message(run_id, family, epoch)))
             pieces = split_payload(payload, self.max_message_bytes)
             in_use = self.topics.global_state_topics(family, state.round, len(pieces))
             for topic, piece in zip(in_use, pieces, strict=True):

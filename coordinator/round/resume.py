@@ -11,6 +11,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator.round import epochs
 from coordinator.round.actions import Resumed
 from coordinator.round.closing import begin_close, checkpoint
 from coordinator.round.opening import begin
@@ -18,7 +19,7 @@ from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
 from coordinator.state.rounds import OpenRound, RoundSummary
 from protocol.messages import RoundAnnouncement
-from protocol.wire import decode_message
+from protocol.wire import decode_message, encode_message
 
 log = logging.getLogger("coordinator.round.engine")
 
@@ -31,6 +32,8 @@ class Saved:
     open_round: dict[str, Any] | None = None
     retained: dict[str, Any] | None = None
     where: str = "the state directory"
+    freshness: dict[str, Any] | None = None
+    """The newest epoch and the agents' freshness marks (``coordinator.round.epochs``)."""
 
 
 def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
@@ -39,8 +42,9 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
     parts.retained.load(saved.retained)
     if saved.checkpoint is None:
         run.run_id = secrets.token_hex(6)
-        parts.actions.add(checkpoint(parts, run.run_id, run.next_round, run.finished, None))
-        log.info("new run %s: %s with %s, %d rounds", run.run_id, parts.strategy.algorithm,
+        epochs.restore(parts, run, saved.freshness, None)
+        parts.actions.add(checkpoint(parts, run.run_id, run.next_round, run.finished, None, epoch=run.epoch))
+        log.info("new run %s (epoch %d): %s with %s, %d rounds", run.run_id, run.epoch, parts.strategy.algorithm,
                  parts.strategy.aggregator.describe(), parts.settings.rounds)
         return
     data = saved.checkpoint
@@ -48,6 +52,7 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
         raise ValueError(f"checkpoint in {saved.where} is a {data['algorithm']} run, not "
                          f"{parts.strategy.algorithm}; use another state_dir to start a new run")
     run.run_id = data["run_id"]
+    epochs.restore(parts, run, saved.freshness, data)
     run.next_round = int(data["next_round"])
     run.finished = bool(data["finished"])
     last = data.get("last_summary") or (data["history"][-1] if data.get("history") else None)  # format of 2026-11
@@ -56,8 +61,9 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
     parts.task.load_state_dict(data.get("task") or {"name": "digits", "version": "1", "layouts": {}},  # format of 2026-11
                                saved.where)
     parts.versions.load_state_dict(data.get("versions") or {})
+    parts.applied.load_state_dict(data.get("applied") or {})  # since 2026-12
     parts.versions.record(parts.strategy.states, run.next_round)
-    log.info("resumed run %s at round %d from %s", run.run_id, run.next_round, saved.where)
+    log.info("resumed run %s (epoch %d) at round %d from %s", run.run_id, run.epoch, run.next_round, saved.where)
     parts.actions.add(Resumed(run.last_summary))
     _resume_open_round(parts, run, saved.open_round)
 
@@ -66,6 +72,9 @@ def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] 
     if saved is None or saved["run_id"] != run.run_id or saved["round"] != run.next_round:
         return
     announcement = decode_message(saved["announcement"], RoundAnnouncement)
+    if announcement.epoch != run.epoch:  # saved before epochs: agents would drop it as an older epoch's
+        announcement = announcement.model_copy(update={"epoch": run.epoch})
+        saved = {**saved, "announcement": encode_message(announcement)}
     now = parts.clock()
     age = max(0.0, parts.wall_clock() - announcement.issued_at)
     remaining = announcement.deadline_s - age
@@ -74,12 +83,13 @@ def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] 
     grace = parts.settings.resume_grace_s
     if remaining <= 0 and grace <= 0:
         run.open = OpenRound(announcement, payload, now, now - age, wanted)
-        begin(parts, run.open)
+        begin(parts, run)
         parts.actions.add(begin_close(parts, run, now, ("interrupted", "coordinator restarted after the deadline")))
         return
     # Past its deadline, the round still waits a grace period for the updates the broker queued
     # for us and those agents resend to the new session, rather than throw finished work away.
     remaining = max(remaining, grace)
-    run.open = OpenRound(announcement, payload, now + remaining, now - age, wanted)
-    begin(parts, run.open)
+    run.open = OpenRound(announcement, payload, now + remaining, now - age, wanted,
+                         median_claim=saved.get("median_claim"))
+    begin(parts, run)
     log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from coordinator.round.norm_clip import NormGate, RoundNorms
 from coordinator.state.rounds import OpenRound, RoundSummary
 
 if TYPE_CHECKING:
     from coordinator.admission.intake import UpdateIn
+    from protocol.messages import Update
 
 
 @dataclass
@@ -16,6 +18,8 @@ class RunState:
     session: str
     """Random at every start, and again when the broker lost our persistent session: agents resend to a new one."""
     run_id: str = ""
+    epoch: int = 0
+    """The run's epoch (``coordinator.round.epochs``): in every message it signs, so agents can drop older runs'."""
     next_round: int = 1
     """Rounds below it are closed; it is the next to open."""
     finished: bool = False
@@ -28,6 +32,8 @@ class RunState:
     ever_connected: bool = False
     deferred: list[UpdateIn] = field(default_factory=list)
     """Asynchronous rounds: updates held for the next buffer (bounded by the engine)."""
+    norm_gate: NormGate[tuple[Update, float]] = field(default_factory=lambda: NormGate(RoundNorms(0.0)))
+    """The open round's deltas held until their family's median norm exists (reset when a round opens)."""
     last_wait_log: float = -1e9
     gauges_refreshed: float = -1e9
 

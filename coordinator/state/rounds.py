@@ -27,6 +27,12 @@ class OpenRound:
     bytes_out: int = 0
     rejected: int = 0
     publish_s: float = 0.0
+    median_claim: float | None = None
+    """The median sample count the selected agents reported when it opened: what weight caps scale with."""
+    clipped_claims: list[str] = field(default_factory=list)
+    """Agents whose update claimed more samples than it may count for (counted for the cap)."""
+    clipped_norms: list[str] = field(default_factory=list)
+    """Agents whose delta was clipped to the round's median-based bound."""
 
     @property
     def number(self) -> int:
@@ -79,6 +85,11 @@ class RoundSummary:
     loss: float | None
     train_loss: float | None
     closed_at: float
+    accuracy_median: float | None = None
+    """The median of the answering agents' accuracies (``accuracy`` is their bounded-weight mean)."""
+    accuracy_min: float | None = None
+    accuracy_max: float | None = None
+    """The spread across agents: one agent's claim shows here, not in the median."""
     families: dict[str, FamilySummary] = field(default_factory=dict)
     surplus: int = 0
     """Over-selected agents still working when the round closed early (neither stragglers nor dropouts)."""
@@ -95,6 +106,10 @@ class RoundSummary:
     aggregate_s: float | None = None
     checkpoint_s: float | None = None
     """Both off the message loop; ``duration_s`` is publish + collect + aggregate + checkpoint."""
+    clipped_claims: list[str] = field(default_factory=list)
+    """Agents whose claimed sample count was cut to the bound (``Accept.samples``)."""
+    clipped_norms: list[str] = field(default_factory=list)
+    """Agents whose delta was clipped to ``max_norm_ratio`` x the round's median norm."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from coordinator.admission.decisions import Reject
-from coordinator.aggregation import AggregationError, FailureReason
+from coordinator.aggregation import AggregationError, FailureReason, coordinate_median
 from coordinator.aggregation.aggregator import AggregateFn, Aggregator
 from coordinator.reasons import RejectReason
 from coordinator.strategies.accumulators import FOLD_RULES, RoundFolds, RoundRows
@@ -21,6 +21,9 @@ from protocol.errors import ProtocolError
 from protocol.messages import Algorithm, GlobalState, Update
 
 StatePrecision = Literal["float32", "float16"]
+
+MEDIAN_PROPOSALS = 3
+"""Bootstrap proposals from which a first state under the mean is their median (of two, the median is the mean)."""
 
 
 @dataclass
@@ -54,11 +57,11 @@ class FamilyState:
         self.digest = GlobalState.compute_digest(self.published_weights, self.control, self.prototypes,
                                                  self.prototype_counts)
 
-    def message(self, run_id: str, family: str) -> GlobalState:
+    def message(self, run_id: str, family: str, epoch: int = 0) -> GlobalState:
         # Checked and digested in __post_init__: validating again would hash the whole model twice.
         return GlobalState.model_construct(
             run_id=run_id, family=family, round=self.round, digest=self.digest, weights=self.published_weights,
-            control=self.control, prototypes=self.prototypes, prototype_counts=self.prototype_counts,
+            control=self.control, prototypes=self.prototypes, prototype_counts=self.prototype_counts, epoch=epoch,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -103,6 +106,9 @@ class Strategy(ABC):
         self.states: dict[str, FamilyState] = {}
         self.folds: RoundFolds | None = None
         self.rows: RoundRows | None = None
+        self.proposals: RoundRows | None = None
+        """Under the mean: bootstrap proposals (absolute weights), kept as rows for the median (see ``combine``)."""
+        self._proposed: set[str] = set()
         self.weights: dict[str, float] = {}
         """This round's weight multiplier per agent (1 unless a policy or the weighting set one)."""
 
@@ -118,6 +124,7 @@ class Strategy(ABC):
             return
         if not self.aggregator.needs_individual_updates:  # the mean: its running sum is enough
             self.folds = RoundFolds(self.aggregator.clip_norm)
+            self.proposals = RoundRows(capacity, memory_budget_bytes, spill_dir)
         else:
             self.rows = RoundRows(capacity, memory_budget_bytes, spill_dir)
 
@@ -126,6 +133,9 @@ class Strategy(ABC):
 
         ``weight`` multiplies its sample count in every by-samples mean (staleness, label skew)."""
         self.weights[update.agent_id] = weight
+        if self.proposals is not None and update.weights:  # a family's first state: see combine
+            self._proposed.add(update.agent_id)
+            return self.proposals.add(update)
         if self.folds is not None:
             return self.folds.add(update, weight)
         if self.rows is not None:
@@ -134,16 +144,24 @@ class Strategy(ABC):
 
     def end_round(self) -> None:
         """Let the round's folded sums and stored rows go (a spill file is deleted)."""
-        if self.rows is not None:
-            self.rows.close()
-        self.folds = self.rows = None
+        for rows in (self.rows, self.proposals):
+            if rows is not None:
+                rows.close()
+        self.folds = self.rows = self.proposals = None
+        self._proposed = set()
 
     def combine(self, group: Sequence[Update], payload: str) -> dict[str, np.ndarray]:
-        """The configured rule over field ``payload`` of ``group``, weighted and clipped as FOLD_RULES says."""
-        if self.folds is not None:
+        """The configured rule over field ``payload`` of ``group``, weighted and clipped as FOLD_RULES says.
+
+        A family's first state comes from no single device: under the mean, the bootstrap proposals'
+        weights are combined by their coordinate-wise median once three or more answered (a robust rule
+        is robust already), so one device's weights, however large, cannot choose it."""
+        values = [getattr(u, payload) for u in group]
+        if payload == "weights" and not self.aggregator.needs_individual_updates and len(group) >= MEDIAN_PROPOSALS:
+            return coordinate_median(values, [1.0] * len(values))
+        if self.folds is not None and not all(u.agent_id in self._proposed for u in group):
             return self.folds.mean(group, payload)
         rule = FOLD_RULES[payload]
-        values = [getattr(u, payload) for u in group]
         weights = [self.sample_weight(u) if rule.by_samples else 1.0 for u in group]
         return self.aggregator(values, weights) if rule.clipped else self.aggregator.unclipped(values, weights)
 

@@ -44,6 +44,7 @@ _REJECT_LABELS = {
     "agent_status": sorted({r.value for r in Reason} | {RejectReason.TOPIC_MISMATCH.value,
                                                       RejectReason.REGISTRY_FULL.value,
                                                       RejectReason.SIGNER_MISMATCH.value,
+                                                      RejectReason.STALE_STATUS.value,
                                                       RejectReason.TASK_MISMATCH.value}),
     "unknown": [Reason.BAD_TOPIC.value],
 }
@@ -84,6 +85,11 @@ class CoordinatorMetrics:
                                   registry=r)
         self.dropouts = Counter("fl_dropouts_total", "Selected agents that went offline before answering", registry=r)
         self.updates = Counter("fl_updates_total", "Updates received, by outcome", ["outcome"], registry=r)
+        self.updates_clipped = Counter(
+            "fl_updates_clipped_total", "Accepted updates bounded by the coordinator: claim (counted for fewer "
+            "samples than claimed) or norm (delta scaled to max_norm_ratio x the round's median)", ["what"], registry=r)
+        for what in ("claim", "norm"):
+            self.updates_clipped.labels(what)
         self.rejected = Counter("fl_messages_rejected_total", "Inbound messages dropped, by kind and reason",
                                 ["kind", "reason"], registry=r)
         self.bytes_received = Counter("fl_received_bytes_total", "Payload bytes received, by message kind",
@@ -133,6 +139,9 @@ class CoordinatorMetrics:
                                    "keeps", registry=r)
         self.agents_online = Gauge("fl_agents_online", "Agents online and selectable, by device class",
                                    ["device"], registry=r)
+        self.accuracy_spread = Gauge(
+            "fl_federated_accuracy_spread_ratio", "Accuracy of the global model across the answering agents: their "
+            "median, lowest and highest (one agent's claim moves the median by nothing)", ["statistic"], registry=r)
         self.accuracy = Gauge("fl_federated_accuracy_ratio",
                               "Sample-weighted accuracy of the global model on agents' held-out data",
                               ["family"], registry=r)
@@ -146,6 +155,14 @@ class CoordinatorMetrics:
                                       ["device"], registry=r)
         self.broker_connected = Gauge("fl_broker_connected", "1 while connected to the broker", registry=r)
         self.reconnects = Counter("fl_broker_reconnects_total", "Reconnections to the broker", registry=r)
+        self.broker_denials = Counter("fl_broker_denials_total",
+                                      "The coordinator's publishes and subscriptions the broker refused (MQTT 5 "
+                                      "reason code >= 0x80, e.g. an ACL's not authorized), by action", ["action"],
+                                      registry=r)
+        self.agents_denied = Gauge("fl_agents_denied",
+                                   "Agents heard from within agent_timeout_s whose publishes or subscriptions the "
+                                   "broker refused (their status's denied count), by device class", ["device"],
+                                   registry=r)
         self.agent_reconnects = Counter("fl_agent_reconnects_total",
                                         "Broker reconnections agents reported, by device class", ["device"],
                                         registry=r)
@@ -168,6 +185,8 @@ class CoordinatorMetrics:
         # Known label values start at 0, so rate() and increase() see the first event.
         for outcome in ROUND_OUTCOMES:
             self.rounds.labels(outcome)
+        for action in ("publish", "subscribe"):
+            self.broker_denials.labels(action)
         for state in ROUND_AGENT_STATES:
             self.round_agents.labels(state)
         for outcome in UPDATE_OUTCOMES:
@@ -206,6 +225,10 @@ class CoordinatorMetrics:
         if summary.accuracy is not None and summary.loss is not None:
             self.accuracy.labels("all").set(summary.accuracy)
             self.loss.labels("all").set(summary.loss)
+        for statistic, value in (("median", summary.accuracy_median), ("min", summary.accuracy_min),
+                                 ("max", summary.accuracy_max)):
+            if value is not None:
+                self.accuracy_spread.labels(statistic).set(value)
         for family, fs in summary.families.items():
             if fs.accuracy is not None and fs.loss is not None:
                 self.accuracy.labels(self.family_label(family)).set(fs.accuracy)
@@ -222,13 +245,17 @@ class CoordinatorMetrics:
     def progressed(self, at: float) -> None:
         self.last_progress.set(at)
 
-    def set_online(self, by_device: Mapping[str, int]) -> None:
-        """One value per device label, each set once: a scrape never sees a half-updated set."""
-        folded = dict.fromkeys((*KNOWN_DEVICES, "other"), 0)
-        for device, count in by_device.items():
-            folded[self.device_label(device)] += count
-        for label, count in folded.items():
-            self.agents_online.labels(label).set(count)
+    def set_online(self, by_device: Mapping[str, int], *, denied: Mapping[str, int] | None = None) -> None:
+        """``fl_agents_online`` (and ``fl_agents_denied``): one value per device label, each set once, so a
+        scrape never sees a half-updated set."""
+        for gauge, counts in ((self.agents_online, by_device), (self.agents_denied, denied)):
+            if counts is None:
+                continue
+            folded = dict.fromkeys((*KNOWN_DEVICES, "other"), 0)
+            for device, count in counts.items():
+                folded[self.device_label(device)] += count
+            for label, count in folded.items():
+                gauge.labels(label).set(count)
 
     def device_label(self, device: str) -> str:
         return device if device in KNOWN_DEVICES else "other"

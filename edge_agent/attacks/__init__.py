@@ -27,8 +27,15 @@ DEFAULT_Z = 1.0
 
 
 def build_attack(name: str, *, scale: float | None = None, z: float | None = None,
-                 collusion: Collusion | None = None) -> Attack | None:
-    """The attack called ``name`` ("none": None). ``alie`` needs a ``collusion`` rendezvous."""
+                 collusion: Collusion | None = None, claim_samples: int | None = None,
+                 report_accuracy: float | None = None) -> Attack | None:
+    """The attack called ``name`` ("none": None), lying about its sample count and the global model's accuracy
+    when asked. ``alie`` needs a ``collusion`` rendezvous."""
+    attack = _forger(name, scale, z, collusion)
+    return None if attack is None else attack.lie(claim_samples=claim_samples, report_accuracy=report_accuracy)
+
+
+def _forger(name: str, scale: float | None, z: float | None, collusion: Collusion | None) -> Attack | None:
     if name == "none":
         return None
     if name in DEFAULT_SCALE:

@@ -8,6 +8,7 @@ Integer arrays pass through untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import numpy as np
 
 from edge_agent.attacks.collusion import Collusion
 from edge_agent.data.datasets import Dataset
+from edge_agent.training import EvalResult
 
 Arrays = dict[str, np.ndarray]
 
@@ -45,6 +47,20 @@ def flip_labels(data: Dataset) -> Dataset:
 class Attack:
     name: ClassVar[str]
     poisons_labels: ClassVar[bool] = False
+    claim_samples: int | None = None
+    """Lie about the training samples behind every update (its weight); None: the truth."""
+    report_accuracy: float | None = None
+    """Lie about the held-out accuracy of the global model in every evaluation; None: the truth."""
+
+    def lie(self, *, claim_samples: int | None, report_accuracy: float | None) -> Attack:
+        self.claim_samples, self.report_accuracy = claim_samples, report_accuracy
+        return self
+
+    def misreport(self, result: EvalResult) -> EvalResult:
+        """The evaluation it sends instead of ``result``: the claimed samples and accuracy where it lies."""
+        return dataclasses.replace(
+            result, accuracy=result.accuracy if self.report_accuracy is None else self.report_accuracy,
+            samples=result.samples if self.claim_samples is None else self.claim_samples)
 
     def poison(self, data: Dataset) -> Dataset:
         return flip_labels(data) if self.poisons_labels else data
@@ -58,7 +74,8 @@ class Attack:
 
     def report(self) -> dict[str, float]:
         """What the agent admits in its update's metrics, so benches can tell who attacked."""
-        return {f"attack_{self.name}": 1.0}
+        lies = {"attack_claim_samples": self.claim_samples, "attack_report_accuracy": self.report_accuracy}
+        return {f"attack_{self.name}": 1.0, **{k: float(v) for k, v in lies.items() if v is not None}}
 
 
 class SignFlip(Attack):

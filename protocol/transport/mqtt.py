@@ -1,5 +1,12 @@
 """The MQTT session both sides use: paho-mqtt 2.x with our reconnect policy.
 
+* MQTT 5: the broker answers each QoS 1 publish and each subscription with a reason code, so one
+  it refuses (an ACL's 0x87 "Not authorized") is seen, logged and counted (``acks.py``). With
+  ``mqtt_version`` auto, a broker that refuses MQTT 5 ("unsupported protocol version": amqtt)
+  gets MQTT 3.1.1, where a refused publish is acknowledged like any other and cannot be seen;
+* sessions: agents start clean; the coordinator's session is persistent and never expires
+  (clean start false, session expiry "never", as clean_session false is in 3.1.1), so the
+  broker keeps its subscriptions and queued QoS 1 messages across disconnects and restarts;
 * subscriptions are (re)made in ``on_connect``, so they survive reconnects;
 * reconnects back off exponentially with full jitter, so a fleet that lost its broker
   does not reconnect in lock-step;
@@ -14,115 +21,37 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import ssl
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from dataclasses import dataclass
+from typing import Literal
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
-from pydantic import ValidationInfo
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from protocol.transport.acks import AckTracker, Denial
+from protocol.transport.address import BrokerAddress as BrokerAddress
+from protocol.transport.address import check_tls_file as check_tls_file
+from protocol.transport.address import check_tls_files as check_tls_files
+from protocol.transport.address import tls_file_setting as tls_file_setting
 
 log = logging.getLogger(__name__)
 
 MessageHandler = Callable[[str, bytes, bool], None]
 """(topic, payload, retained) -> None, called on the network thread."""
 
-
-@dataclass(frozen=True)
-class BrokerAddress:
-    host: str
-    port: int
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-    ca_file: str | None = None
-    """PEM file of the CA(s) that signed the broker's certificate; None trusts the system's CAs."""
-    cert_file: str | None = None
-    """PEM file of this client's certificate (and chain), for brokers that require one; needs key_file."""
-    key_file: str | None = None
-    """PEM file of the private key of cert_file."""
-
-    @classmethod
-    def parse(cls, url: str) -> BrokerAddress:
-        """``mqtt://[user[:password]@]host[:port]`` or ``mqtts://`` for TLS."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-            raise ValueError(f"broker URL {url!r} must start with mqtt:// (or tcp://), or mqtts:// (or ssl://) for TLS")
-        if not parts.hostname:
-            raise ValueError(f"broker URL {url!r} has no host")
-        tls = parts.scheme in ("mqtts", "ssl")
-        try:
-            port = parts.port or (8883 if tls else 1883)
-        except ValueError as exc:
-            raise ValueError(f"broker URL {url!r}: {exc}") from None
-        return cls(
-            host=parts.hostname,
-            port=port,
-            tls=tls,
-            username=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-        )
-
-    def with_credentials(self, username: str | None, password: str | None) -> BrokerAddress:
-        """This address, with credentials given apart (settings, a Secret) winning over the URL's."""
-        return replace(self, username=username or self.username, password=password or self.password)
-
-    def with_tls_files(self, ca_file: str | os.PathLike[str] | None = None,
-                       cert_file: str | os.PathLike[str] | None = None,
-                       key_file: str | os.PathLike[str] | None = None) -> BrokerAddress:
-        """This address with a private CA and/or a client certificate; checked by ``check_tls_files``."""
-        check_tls_files(self.tls, ca_file=ca_file, cert_file=cert_file, key_file=key_file)
-        return replace(self, ca_file=_path_or_none(ca_file), cert_file=_path_or_none(cert_file),
-                       key_file=_path_or_none(key_file))
-
-    def __str__(self) -> str:  # never print the password
-        return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
-
-
-def _path_or_none(path: str | os.PathLike[str] | None) -> str | None:
-    return None if path is None else os.fspath(path)
-
-
-def check_tls_file(name: str, path: str | os.PathLike[str] | None, tls: bool) -> None:
-    """One of ca_file, cert_file, key_file: only with TLS, and a readable file; ValueError names it."""
-    if path is None:
-        return
-    if not tls:
-        raise ValueError(f"{name} is only used over TLS: the broker URL must start with mqtts:// (or ssl://)")
-    if not os.path.exists(path):
-        raise ValueError(f"{name} {os.fspath(path)!r} does not exist")
-    if not os.path.isfile(path):
-        raise ValueError(f"{name} {os.fspath(path)!r} is not a file")
-    try:
-        with open(path, "rb") as handle:
-            handle.read(1)
-    except OSError as exc:
-        raise ValueError(f"{name} {os.fspath(path)!r} cannot be read: {exc.strerror}") from None
-
-
-def tls_file_setting(cls: type, value: Path | None, info: ValidationInfo) -> Path | None:
-    """Field validator for both services' ca_file, cert_file and key_file: a readable file, and only
-    with an mqtts:// URL (``broker_url`` is declared before them, so it is validated first)."""
-    url = info.data.get("broker_url")
-    check_tls_file(str(info.field_name), value, BrokerAddress.parse(url).tls if url else True)
-    return value
-
-
-def check_tls_files(tls: bool, *, ca_file: str | os.PathLike[str] | None = None,
-                    cert_file: str | os.PathLike[str] | None = None,
-                    key_file: str | os.PathLike[str] | None = None) -> None:
-    """The TLS files of a broker connection: each readable, only over TLS, a certificate with its key."""
-    for name, path in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
-        check_tls_file(name, path, tls)
-    if (cert_file is None) != (key_file is None):
-        raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
+SESSION_NEVER_EXPIRES = 0xFFFFFFFF
+"""MQTT 5 session expiry interval meaning "never" (what clean_session false gives in 3.1.1)."""
+UNSUPPORTED_PROTOCOL_VERSION = 0x84
+"""CONNACK of a broker that does not speak the version asked for (paho maps 3.1.1's code 1 to it)."""
+BLIND_311 = ("a publish the broker refuses (an ACL denial) is acknowledged like any other there, so this client "
+             "cannot see it (only the broker's log shows it)")
 
 
 class Backoff:
@@ -188,16 +117,24 @@ class MqttLink:
         backoff: Backoff | None = None,
         on_connected: Callable[[Connection], None] | None = None,
         on_disconnected: Callable[[], None] | None = None,
+        on_denied: Callable[[Denial], None] | None = None,
     ) -> None:
+        """``on_denied``: a publish or subscription the broker refused (MQTT 5 only), on the network thread."""
         self.client_id = client_id
         self.address = address
         self.subscriptions = list(subscriptions or [])
         self.keepalive_s = keepalive_s
+        self.persistent_session = persistent_session
         self.stop_flush_s = 5.0
         """How long ``stop`` lets queued messages drain before closing (large ones take a while)."""
         self.backoff = backoff or Backoff()
         self.connects = 0
         """Successful connects so far; ``reconnects`` is this minus the first."""
+        self.version: Literal["5", "3.1.1"] = "3.1.1" if address.mqtt_version == "3.1.1" else "5"
+        """The MQTT version spoken now: 3.1.1 when configured, or once a broker refused 5 (auto)."""
+        self.acks = AckTracker(on_denied, who=f"{client_id} on {address}")
+        self._will = will
+        self._max_inflight = max_inflight
         self._on_message = on_message
         self._on_connected = on_connected
         self._on_disconnected = on_disconnected
@@ -206,15 +143,26 @@ class MqttLink:
         self._thread: threading.Thread | None = None
         self._pending: deque[paho.MQTTMessageInfo] = deque()
         self._pending_lock = threading.Lock()
+        self._client_lock = threading.Lock()
+        """Held while publishing and while the network thread replaces the client (falling back to 3.1.1)."""
+        self._unsettled: list[tuple[str, bytes, int, bool]] | None = [] if address.mqtt_version == "auto" else None
+        """What was published before the first connect settled the version: sent again by a new client."""
+        self._refused_v5 = False
+        self._client = self._new_client()
+        if self.version == "3.1.1":
+            log.info("%s speaks MQTT 3.1.1 to %s (mqtt_version): %s", client_id, address, BLIND_311)
 
+    def _new_client(self) -> paho.Client:
+        v5 = self.version == "5"
         client = paho.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            clean_session=not persistent_session,
-            protocol=paho.MQTTv311,
+            client_id=self.client_id,
+            clean_session=None if v5 else not self.persistent_session,  # 5: clean start, set on connect
+            protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
         )
-        client.max_inflight_messages_set(max_inflight)
+        client.max_inflight_messages_set(self._max_inflight)
         client.max_queued_messages_set(0)
+        address = self.address
         if address.username:
             client.username_pw_set(address.username, address.password)
         if address.tls:
@@ -223,17 +171,19 @@ class MqttLink:
             # is what brokers with require_certificate authenticate this client by.
             client.tls_set(ca_certs=address.ca_file, certfile=address.cert_file, keyfile=address.key_file,
                            cert_reqs=ssl.CERT_REQUIRED)
-        if will is not None:
-            client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
+        if self._will is not None:
+            client.will_set(self._will.topic, self._will.payload, qos=1, retain=self._will.retain)
         client.on_connect = self._handle_connect
         client.on_disconnect = self._handle_disconnect
         client.on_message = self._handle_message
+        client.on_publish = self._handle_publish
+        client.on_subscribe = self._handle_subscribe
         # With a write hook registered, paho never writes from the publishing thread: it queues
         # the packet and wakes the network thread's select() through its socket pair, and our
         # loop() does every write. The hook itself has nothing to do.
         client.on_socket_register_write = _no_write_from_caller
         client.on_socket_unregister_write = _no_write_from_caller
-        self._client = client
+        return client
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -251,6 +201,11 @@ class MqttLink:
     @property
     def reconnects(self) -> int:
         return max(0, self.connects - 1)
+
+    @property
+    def denials(self) -> int:
+        """Publishes and subscriptions the broker refused so far (always 0 over MQTT 3.1.1 publishes)."""
+        return self.acks.denials
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Disconnect cleanly (the broker then does not send the last will), once what was published
@@ -281,7 +236,15 @@ class MqttLink:
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> paho.MQTTMessageInfo:
         """Queue a message from any thread; the network thread sends it now or after the next reconnect."""
+        with self._client_lock:
+            if self._unsettled is not None:
+                self._unsettled.append((topic, payload, qos, retain))
+            return self._publish_locked(topic, payload, qos, retain)
+
+    def _publish_locked(self, topic: str, payload: bytes, qos: int, retain: bool) -> paho.MQTTMessageInfo:
         info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        if qos > 0 and info.rc in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            self.acks.sent(info.mid, topic)  # NO_CONN: queued for the next connection, answered then
         if qos > 0 and info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:  # not queued for a later connection
             with self._pending_lock:  # what ``stop`` waits for; acknowledged ones are let go as we go
                 self._pending.append(info)
@@ -295,7 +258,7 @@ class MqttLink:
         while not self._stopping.is_set():
             try:
                 if first:
-                    self._client.connect(self.address.host, self.address.port, keepalive=self.keepalive_s)
+                    self._connect()
                     first = False
                 else:
                     self._client.reconnect()
@@ -305,6 +268,9 @@ class MqttLink:
             rc = MQTTErrorCode.MQTT_ERR_SUCCESS
             while not self._stopping.is_set() and rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 rc = self._client.loop(timeout=0.5)
+                if self._unsettled is not None and self._connected.is_set():
+                    with self._client_lock:  # the version is settled: nothing to send again any more
+                        self._unsettled = None
             if self._stopping.is_set():
                 # Let queued messages and the DISCONNECT out: paho closes the socket once the
                 # DISCONNECT is written, and loop() then stops returning success.
@@ -314,21 +280,58 @@ class MqttLink:
                         break
                 return
             self._connected.clear()
+            if self._refused_v5:
+                self._fall_back_to_311()
+                first = True
+                continue
             self._sleep_backoff(f"connection to {self.address} lost ({rc.name})")
+
+    def _connect(self) -> None:
+        if self.version == "3.1.1":
+            self._client.connect(self.address.host, self.address.port, keepalive=self.keepalive_s)
+            return
+        properties = None
+        if self.persistent_session:
+            properties = Properties(PacketTypes.CONNECT)
+            properties.SessionExpiryInterval = SESSION_NEVER_EXPIRES
+        # Clean start on every connect for a clean session, never for a persistent one (a restarted
+        # coordinator takes its session back, with what the broker queued for it meanwhile).
+        self._client.connect(self.address.host, self.address.port, keepalive=self.keepalive_s,
+                             clean_start=not self.persistent_session, properties=properties)
+
+    def _fall_back_to_311(self) -> None:
+        """The broker refused MQTT 5: a new 3.1.1 client, with what was published meanwhile."""
+        log.warning("%s: the broker at %s refused MQTT 5 (unsupported protocol version): using MQTT 3.1.1, where %s",
+                    self.client_id, self.address, BLIND_311)
+        with self._client_lock:
+            self._refused_v5 = False
+            self.version = "3.1.1"
+            self.acks.forget()
+            with self._pending_lock:
+                self._pending.clear()
+            self._client = self._new_client()
+            for topic, payload, qos, retain in self._unsettled or []:
+                self._publish_locked(topic, payload, qos, retain)
 
     def _sleep_backoff(self, why: str) -> None:
         delay = self.backoff.next_delay()
-        log.warning("%s; retrying in %.1fs", why, delay)
+        log.warning("%s: %s; retrying in %.1fs", self.client_id, why, delay)
         self._stopping.wait(delay)
 
     def _handle_connect(self, client: paho.Client, userdata: object, flags: paho.ConnectFlags,
                         reason_code: paho.ReasonCode, properties: object) -> None:
         if reason_code.is_failure:
-            log.error("broker %s refused the connection: %s", self.address, reason_code)
+            if (reason_code.value == UNSUPPORTED_PROTOCOL_VERSION and self.version == "5"
+                    and self.address.mqtt_version == "auto" and self.connects == 0):
+                self._refused_v5 = True  # the network thread makes a 3.1.1 client once this loop ends
+                return
+            log.error("broker %s refused the connection of %s: %s", self.address, self.client_id, reason_code)
             return
         self.backoff.reset()
         for topic, qos in self.subscriptions:
-            client.subscribe(topic, qos)
+            result, mid = client.subscribe(topic, qos)
+            if result == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self.acks.subscribing(mid, topic)
         self.connects += 1
         self._connected.set()
         if self._on_connected is not None:
@@ -336,9 +339,20 @@ class MqttLink:
 
     def _handle_disconnect(self, client: paho.Client, userdata: object, flags: paho.DisconnectFlags,
                            reason_code: paho.ReasonCode, properties: object) -> None:
+        if flags.is_disconnect_packet_from_server and reason_code.is_failure:  # MQTT 5 says why
+            log.warning("broker %s closed the connection of %s: %s (0x%02X)", self.address, self.client_id,
+                        reason_code, reason_code.value)
         self._connected.clear()
         if self._on_disconnected is not None:
             self._on_disconnected()
+
+    def _handle_publish(self, client: paho.Client, userdata: object, mid: int, reason_code: paho.ReasonCode,
+                        properties: object) -> None:
+        self.acks.published(mid, reason_code)
+
+    def _handle_subscribe(self, client: paho.Client, userdata: object, mid: int,
+                          reason_codes: list[paho.ReasonCode], properties: object) -> None:
+        self.acks.subscribed(mid, reason_codes)
 
     def _handle_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
         self._on_message(message.topic, message.payload, bool(message.retain))

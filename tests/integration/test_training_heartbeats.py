@@ -124,7 +124,7 @@ def test_a_round_longer_than_the_agent_timeout_is_not_a_dropout(tmp_path: Path, 
         except AssertionError:
             opened = False
         engine = service.engine
-        seen[round_number] = (opened, engine.registry.is_online(AGENT, engine.clock()))
+        seen[round_number] = (opened, engine.parts.registry.is_online(AGENT, engine.parts.clock()))
 
     worker.gate = gate
     agent_key = SigningKey.generate()  # enrolled as `coordinator enroll` would

@@ -118,7 +118,7 @@ def test_values_types_and_choices_as_shown() -> None:
     assert coordinator["--evaluate-final"]["type"] == "--evaluate-final / --no-evaluate-final"
     assert "default: on;" in coordinator["--evaluate-final"]["help"]
     assert "(0.0 <= x < 1.0; default: unset;" in coordinator["--momentum"]["help"]
-    assert "(x >= 0.0; default: 10.0;" in coordinator["--max-norm-ratio"]["help"]
+    assert "(x >= 0.0; default: 1.0;" in coordinator["--max-norm-ratio"]["help"]
     agent = help_rows(render_help(agent_cli.app, ("run",)))
     assert agent["--device"]["type"] == "<choice>"
     assert "(one of jetson, rpi, phone, cpu; default: cpu;" in agent["--device"]["help"]

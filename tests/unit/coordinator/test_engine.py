@@ -59,9 +59,9 @@ def make_engine(tmp_path: Path, clock: Clock, **overrides: object) -> tuple[Engi
     return driver, outbox, metrics
 
 
-def hello(engine: EngineDriver, agent_id: str, family: str = "f", model: str | None = None) -> None:
+def hello(engine: EngineDriver, agent_id: str, family: str = "f", model: str | None = None, samples: int = 10) -> None:
     """``model``: the layout the agent reports; default: that of the ``weights`` it sends."""
-    status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=10,
+    status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family=family, num_samples=samples,
                          num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=model or LAYOUT)
     engine.on_message(TOPICS.agent_status(agent_id), encode_message(status))
 
@@ -108,8 +108,8 @@ def test_waits_for_enough_agents_then_announces(tmp_path: Path) -> None:
 
 def test_full_round_aggregates_and_publishes_the_new_state(tmp_path: Path) -> None:
     clock = Clock()
-    engine, outbox, metrics = make_engine(tmp_path, clock)
-    hello(engine, "a"), hello(engine, "b")
+    engine, outbox, metrics = make_engine(tmp_path, clock, claim_cap_multiple=0)  # the plain sample-weighted mean
+    hello(engine, "a", samples=10), hello(engine, "b", samples=30)
     engine.tick()
     send(engine, update(engine, "a", 1, samples=10, weights=weights(1.0)))
     send(engine, update(engine, "b", 1, samples=30, weights=weights(3.0)))

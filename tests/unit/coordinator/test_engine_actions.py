@@ -31,7 +31,10 @@ def test_a_round_as_actions(tmp_path: Path) -> None:
     engine = RoundEngine(settings, build_strategy(settings), CoordinatorMetrics(CollectorRegistry()), clock=clock,
                          wall_clock=clock)
     started = engine.restore(Saved())
-    assert [type(a) for a in started] == [Save] and started[0].name == "checkpoint" and started[0].checkpoint
+    # the new run's epoch (and the freshness marks) first, then its checkpoint, which carries the epoch too
+    assert [type(a) for a in started] == [Save, Save] and started[0].name == "freshness"
+    assert started[1].name == "checkpoint" and started[1].checkpoint
+    assert started[1].data["epoch"] == started[0].data["epoch"] == engine.run.epoch > 0
     connected = engine.on_connection(True)
     assert [(a.topic, a.retain) for a in connected if isinstance(a, Publish)] == [
         (TOPICS.coordinator_status, True), (TOPICS.rounds_current, True)]  # status, and a stale announcement cleared

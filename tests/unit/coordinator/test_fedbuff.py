@@ -63,7 +63,7 @@ def test_every_agent_is_selected_and_a_version_closes_every_buffer_size_updates(
 
 
 def test_a_stale_update_is_folded_in_at_its_discount(tmp_path: Path) -> None:
-    engine, outbox, metrics, _ = start(tmp_path)
+    engine, outbox, metrics, _ = start(tmp_path, max_norm_ratio=0)  # the discount alone, no norm clipping
     send(engine, update(engine, "a", 1, weights=weights(1.0)))
     send(engine, update(engine, "b", 1, weights=weights(1.0)))
     engine.tick(), engine.tick()  # version 2 is open; c is still on version 1
@@ -103,14 +103,15 @@ def test_too_stale_and_wrong_base_updates_are_dropped_and_counted(tmp_path: Path
 
 
 def test_a_second_update_of_an_agent_waits_for_the_next_buffer(tmp_path: Path) -> None:
-    engine, outbox, metrics, _ = start(tmp_path, buffer_size=3)
+    engine, outbox, metrics, _ = start(tmp_path, {"a": "f", "b": "f", "c": "f", "d": "f"}, buffer_size=3,
+                                       min_available_agents=4)
     for agent in ("a", "b", "c"):
         send(engine, update(engine, agent, 1))
     engine.tick(), engine.tick()  # version 2 open
     v2 = state(outbox, 2).digest
     send(engine, update(engine, "a", 2))
-    send(engine, update(engine, "b", 2))
-    send(engine, update(engine, "b", 2))  # the same again: a duplicate
+    send(engine, update(engine, "d", 2))
+    send(engine, update(engine, "d", 2))  # the same again: a duplicate
     assert rejected(metrics, "duplicate") == 1
     engine.tick(), engine.tick()
     assert engine.open.number == 2  # not full yet (2 of 3)
@@ -120,7 +121,7 @@ def test_a_second_update_of_an_agent_waits_for_the_next_buffer(tmp_path: Path) -
     v3 = state(outbox, 3).digest
     send(engine, update(engine, "a", 3))
     late_from_v2 = update(engine, "b", 2).model_copy(update={"base_digest": v2})
-    send(engine, late_from_v2)  # b is not in this buffer yet: admitted, one version stale
+    send(engine, late_from_v2)  # b trained from version 2 and is not in this buffer yet: admitted, one version stale
     send(engine, update(engine, "b", 3).model_copy(update={"base_digest": v3}))  # b again: deferred, not lost
     assert metrics.registry.get_sample_value("fl_updates_deferred_total") == 1
     assert engine.open.updates["b"].round == 2
@@ -186,3 +187,27 @@ def test_a_family_missing_from_a_buffer_keeps_its_stale_updates(tmp_path: Path) 
     assert announced(outbox).round == 4
     send(engine, from_v3)
     assert rejected(metrics, "stale_base") == 0 and engine.open.updates["g1"].round == 3
+
+
+def test_an_applied_update_replayed_later_counts_once_across_restarts(tmp_path: Path) -> None:
+    """A genuine update of version 2, replayed verbatim while version 3 is open (within the staleness bound), and
+    again after a restart: a duplicate both times, never a second weight in a buffer."""
+    engine, outbox, metrics, clock = start(tmp_path)
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick(), engine.tick()  # version 2 open
+    original = update(engine, "a", 2)
+    send(engine, original), send(engine, update(engine, "b", 2))
+    engine.tick(), engine.tick()  # version 3 open: version 2's updates were applied
+    assert announced(outbox).round == 3
+    send(engine, original)  # the replay: one version stale, its base known
+    assert "a" not in engine.open.updates and rejected(metrics, "duplicate") == 1
+    engine.store.save("open_round", {"run_id": "other"})  # resume into a fresh round, not the open one
+    restarted, _, metrics2 = make_engine(tmp_path, clock, mode="async", buffer_size=2, max_staleness=2, rounds=6,
+                                         min_available_agents=3, min_fit_agents=1)
+    for agent in ("a", "b", "c"):
+        hello(restarted, agent)
+    restarted.tick()
+    send(restarted, original)
+    assert "a" not in restarted.open.updates and rejected(metrics2, "duplicate") == 1
+    send(restarted, update(restarted, "a", 3))  # its next, genuine update still counts
+    assert "a" in restarted.open.updates

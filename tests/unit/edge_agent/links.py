@@ -8,6 +8,7 @@ class FakeLink:
 
     connected = True
     reconnects = 0
+    denials = 0
 
     def __init__(self) -> None:
         self.published: list[tuple[str, bytes]] = []

@@ -46,7 +46,7 @@ def test_a_round_of_an_unknown_algorithm_decodes_and_is_refused_with_the_reason_
     [status] = link.statuses()  # published when the problem appeared, not again for the next round
     assert status.problem == agent.status().problem
     assert status.problem is not None and "does not implement algorithm 'fedfuture'" in status.problem
-    assert [r.getMessage() for r in caplog.records].count(f"refusing rounds: {status.problem}") == 1
+    assert [r.getMessage() for r in caplog.records].count(f"refusing rounds (task_mismatch): {status.problem}") == 1
 
     agent._on_message(TOPICS.rounds_current, encode_message(announce("fedavg", 1, run_id="run-2", selected=["b"])),
                       False)

@@ -40,6 +40,7 @@ MAX_VECTOR_BYTES = 20 * 1024
 
 ACCEPTED = sorted(p.stem for p in GOLDEN.glob("*.json"))
 REJECTED = sorted(p.stem for p in (GOLDEN / "reject").glob("*.json"))
+FRESHNESS = sorted(p.stem for p in (GOLDEN / "freshness").glob("*.json"))
 TOPIC_KIND = {"coordinator_status": "coordinator_status", "agent_status": "agent_status", "round": "round",
               "global_state": "global_state", "update": "update"}
 
@@ -222,6 +223,48 @@ def test_the_chunks_reassemble_into_the_signed_global_state() -> None:
     # The script splits exactly as protocol.transport.chunking does, but with a fixed transfer id.
     reference = [decode_message(p, Chunk) for p in split_payload(whole, sidecar(names[0])["max_message_bytes"])]
     assert [c.model_copy(update={"transfer_id": chunks[0].transfer_id}) for c in reference] == chunks
+
+
+def _agent_outcome(state: dict[str, Any], message: dict[str, Any]) -> tuple[str, str | None]:
+    """The agent's freshness rule as docs/protocol.md states it (Freshness), from plain fields."""
+    if message["epoch"] < state["epoch"]:
+        return "drop", "stale_epoch"
+    if message["epoch"] > state["epoch"]:
+        return "follow", None
+    ends_run = message["kind"] == "coordinator_status" and message["state"] != "online"
+    return ("drop", "inconsistent") if ends_run and message["run_id"] != state["run_id"] else ("accept", None)
+
+
+def _coordinator_outcome(mark: dict[str, Any] | None, status: dict[str, Any]) -> tuple[str, str | None]:
+    """The coordinator's rule for agent statuses as docs/protocol.md states it (Freshness)."""
+    if mark is None or status["epoch"] > mark["epoch"] or status["epoch"] == 0:
+        return "accept", None
+    if status["epoch"] < mark["epoch"]:
+        return "drop", "stale_status"
+    will_newest = mark["will_after"] == mark["seq"]
+    if status["seq"] == 0:
+        fresh = mark["will_after"] is None or will_newest
+    else:
+        fresh = status["seq"] > mark["seq"] or (status["seq"] == mark["seq"] and not will_newest)
+    return ("accept", None) if fresh else ("drop", "stale_status")
+
+
+@pytest.mark.parametrize("name", FRESHNESS)
+def test_a_freshness_vector_decodes_verifies_and_meets_the_documented_rule(name: str) -> None:
+    side = sidecar(f"freshness/{name}")
+    data = payload(f"freshness/{name}")
+    message = decode_message(data)
+    assert jsonable(message.model_dump(mode="python")) == side["fields"] and encode_message(message) == data
+    if isinstance(message, Signed):  # genuine: verifies with the run's key, yet may be dropped
+        key = PublicKey.from_text(side["public_key"])
+        inner = type(decode_message(message.payload))
+        message = decode_trusted(data, inner, DEFAULT_LIMITS, Trust(single_key("coordinator", key), True)).message
+        assert jsonable(message.model_dump(mode="python")) == side["inner_fields"]
+    fields = message.model_dump()
+    judge = _agent_outcome if side["receiver"] == "agent" else _coordinator_outcome
+    assert side["cases"]
+    for case in side["cases"]:
+        assert judge(case["state"], fields) == (case["outcome"], case["reason"]), case
 
 
 @pytest.mark.parametrize("name", REJECTED)

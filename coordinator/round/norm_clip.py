@@ -1,0 +1,110 @@
+"""Bounded influence by size: each delta is clipped to a multiple of its round's median norm (engine side).
+
+The reference is a robust statistic of the *current* round (the median of the norms of the
+family's deltas accepted so far), so a minority of agents cannot move it, and it is never carried
+over from an earlier round: when an attacker pushes the model, the honest agents' corrective
+deltas grow with it, and a reference that followed them would ratchet up. An update is clipped,
+never rejected, for its size: an honest agent whose delta grew because the model was pushed still
+counts, at most ``ratio`` times the median.
+
+The median needs a few values to mean anything: the first ``HOLD`` deltas of a family in a round
+are held (a few models' worth of memory, whatever the fleet's size) and folded once that many
+arrived, or when the round closes; later deltas are clipped as they arrive against the median of
+all the family's norms so far (a running median: two heaps, O(log n) per delta).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+HOLD = 3
+"""Deltas of a family held before its round's median is trusted (the median of 3 ignores one outlier)."""
+
+
+class RunningMedian:
+    """The median of the values added so far, in O(log n) per value."""
+
+    def __init__(self) -> None:
+        self._low: list[float] = []  # max-heap (negated): the lower half
+        self._high: list[float] = []  # min-heap: the upper half
+
+    def add(self, value: float) -> None:
+        if self._low and value > -self._low[0]:
+            heapq.heappush(self._high, value)
+        else:
+            heapq.heappush(self._low, -value)
+        if len(self._low) > len(self._high) + 1:
+            heapq.heappush(self._high, -heapq.heappop(self._low))
+        elif len(self._high) > len(self._low):
+            heapq.heappush(self._low, -heapq.heappop(self._high))
+
+    def __len__(self) -> int:
+        return len(self._low) + len(self._high)
+
+    def median(self) -> float:
+        if not self:
+            raise ValueError("no values")
+        if len(self._low) > len(self._high):
+            return -self._low[0]
+        return (-self._low[0] + self._high[0]) / 2
+
+
+class RoundNorms:
+    """One round's norms per family, and the bound each delta is clipped to. Owned by the engine."""
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio = ratio
+        self._medians: dict[str, RunningMedian] = {}
+
+    def observe(self, family: str, norm: float) -> None:
+        self._medians.setdefault(family, RunningMedian()).add(norm)
+
+    def ready(self, family: str) -> bool:
+        """Whether deltas of ``family`` may be clipped and folded now (enough norms for a median)."""
+        return self.ratio <= 0 or len(self._medians.get(family, ())) >= HOLD
+
+    def bound(self, family: str) -> float | None:
+        """``ratio`` x the median of the family's norms so far; None when clipping is off or nothing arrived."""
+        median = self._medians.get(family)
+        if self.ratio <= 0 or median is None or not median:
+            return None
+        return self.ratio * median.median()
+
+
+def clipped(delta: Mapping[str, np.ndarray], norm: float, bound: float | None) -> tuple[dict[str, np.ndarray], bool]:
+    """``delta`` scaled to at most ``bound`` (float arrays only; integer buffers are not averaged anyway)."""
+    if bound is None or norm <= bound or not math.isfinite(norm) or norm == 0:
+        return dict(delta), False
+    factor = bound / norm
+    return {name: (a * np.asarray(factor, a.dtype) if a.dtype.kind == "f" else a) for name, a in delta.items()}, True
+
+
+@dataclass
+class NormGate(Generic[T]):
+    """One round's clipping: the norms seen per family, and the accepted updates held until a median exists."""
+
+    norms: RoundNorms
+    held: dict[str, list[tuple[T, float]]] = field(default_factory=dict)
+
+    def admit(self, family: str, item: T, norm: float) -> list[tuple[T, float | None]]:
+        """Note ``item``'s norm; what may be folded now, each with the bound to clip it to."""
+        self.norms.observe(family, norm)
+        if not self.norms.ready(family):
+            self.held.setdefault(family, []).append((item, norm))
+            return []
+        bound = self.norms.bound(family)
+        return [(held, bound) for held, _ in self.held.pop(family, [])] + [(item, bound)]
+
+    def release(self) -> list[tuple[T, float | None]]:
+        """The round closes: everything still held, against the median of what arrived."""
+        out = [(item, self.norms.bound(family)) for family, items in self.held.items() for item, _ in items]
+        self.held.clear()
+        return out

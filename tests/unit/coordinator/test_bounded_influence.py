@@ -1,0 +1,86 @@
+"""Bounded influence: the round's median norm (running, robust), the gate that holds the first deltas, and an
+evaluation one agent's claim cannot take over."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import numpy as np
+import pytest
+
+from coordinator.round.norm_clip import HOLD, NormGate, RoundNorms, RunningMedian, clipped
+from coordinator.telemetry.evaluation import federated_metrics
+from protocol.messages import TrainMetrics, Update
+from tests.task_refs import DIGITS
+
+
+def test_the_running_median_is_the_median() -> None:
+    rng = random.Random(0)
+    median, seen = RunningMedian(), []
+    for _ in range(500):
+        value = rng.choice([rng.random(), rng.random() * 1e9, 0.0])
+        median.add(value), seen.append(value)
+        assert median.median() == pytest.approx(statistics.median(seen))
+    with pytest.raises(ValueError):
+        RunningMedian().median()
+
+
+def test_the_first_deltas_wait_for_a_median_then_one_outlier_cannot_move_it() -> None:
+    gate: NormGate[str] = NormGate(RoundNorms(2.0))
+    assert gate.admit("f", "attacker", 900.0) == [] and gate.admit("f", "a", 1.0) == []  # held: no median yet
+    assert gate.admit("f", "b", 1.2) == [("attacker", 2.4), ("a", 2.4), ("b", 2.4)]  # 2 x median(900, 1, 1.2)
+    assert gate.admit("f", "c", 0.8) == [("c", 2.2)]  # 2 x median of four: (1 + 1.2) / 2
+    assert gate.admit("g", "other family", 5.0) == [] and gate.release() == [("other family", 10.0)]
+    assert HOLD == 3
+
+
+def test_clipping_off_folds_at_once() -> None:
+    gate: NormGate[str] = NormGate(RoundNorms(0.0))
+    assert gate.admit("f", "a", 1e9) == [("a", None)]
+
+
+def test_clipped_scales_floats_only() -> None:
+    delta = {"w": np.full(4, 3.0, np.float32), "n": np.array(7, np.int64)}
+    out, was = clipped(delta, 6.0, 3.0)
+    assert was and out["w"].dtype == np.float32 and np.allclose(out["w"], 1.5) and out["n"] == 7
+    same, was = clipped(delta, 6.0, 10.0)
+    assert not was and same["w"] is delta["w"]
+
+
+def evaluated(agent: str, accuracy: float, samples: int) -> Update:
+    return Update(run_id="r", agent_id=agent, round=9, task="evaluate", task_ref=DIGITS, family="f", base_digest=None,
+                  num_samples=0, metrics=TrainMetrics(eval_accuracy=accuracy, eval_loss=1 - accuracy,
+                                                       num_eval_samples=samples))
+
+
+def test_one_agent_claiming_a_million_samples_moves_the_evaluation_by_its_bounded_share() -> None:
+    honest = [evaluated(a, 0.14, 120) for a in ("a", "b", "c")]
+    liar = evaluated("x", 0.99, 1_000_000)
+    report = federated_metrics([*honest, liar], cap_multiple=2.0)
+    assert report.accuracy == pytest.approx((3 * 120 * 0.14 + 240 * 0.99) / 600)  # counted for 2 x median 120
+    assert report.accuracy_median == pytest.approx(0.14) and report.accuracy_max == 0.99 and report.accuracy_min == 0.14
+    as_claimed = federated_metrics([*honest, liar], cap_multiple=0)
+    assert as_claimed.accuracy > 0.98  # what the dashboard said before the bound
+
+
+def test_no_single_device_chooses_the_first_state() -> None:
+    """Three honest proposals near one model and one of norm 10,000: under the plain mean the first state is the
+    proposals' coordinate-wise median, on the streaming path as on the batch path."""
+    from coordinator.aggregation import weighted_mean
+    from coordinator.strategies import FedAvg
+
+    rng = np.random.default_rng(0)
+    honest = rng.normal(size=(4, 8)).astype(np.float32)
+    proposals = [honest + rng.normal(scale=0.01, size=honest.shape).astype(np.float32) for _ in range(3)]
+    proposals.append(rng.normal(scale=10_000 / np.sqrt(honest.size), size=honest.shape).astype(np.float32))
+    updates = [Update(run_id="r", agent_id=f"a{i}", round=1, task="train", task_ref=DIGITS, family="f",
+                      base_digest=None, num_samples=10 if i < 3 else 1_000_000, weights={"w": w},
+                      metrics=TrainMetrics()) for i, w in enumerate(proposals)]
+    for streaming in (True, False):
+        strategy = FedAvg(weighted_mean)
+        strategy.folds_payloads = streaming
+        strategy.begin_round(len(updates))
+        strategy.aggregate(1, [strategy.accumulate(u) for u in updates])
+        first = strategy.states["f"].weights["w"]
+        assert np.abs(first - honest).max() < 0.05, streaming
