@@ -61,7 +61,8 @@ def scrape_time(prometheus: PrometheusServer) -> float:
 
 
 def send_garbage(url: str) -> None:
-    """Updates that are not msgpack, from a client the coordinator never heard of: rejected."""
+    """Updates that are not msgpack, from a client the coordinator never enrolled: dropped at the gate
+    (``unknown_signer``) before anything reads them."""
     client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="intruder",
                          protocol=paho.MQTTv311)
     host, port = url.removeprefix("mqtt://").split(":")
@@ -156,12 +157,12 @@ def check_dashboard(prometheus: PrometheusServer, start: float, end: float, roun
     # Every known reason is exported from the start (at 0), so the first drops show as an increase.
     rejected = {(s["metric"]["kind"], s["metric"]["reason"]) for s in results["Rejected messages by reason"][0]
                 if any(float(v[1]) > 0 for v in s["values"])}
-    assert rejected == {("update", "malformed")}
+    assert rejected == {("update", "unknown_signer")}
     assert {s["metric"]["kind"] for s in results["Bytes by message kind"][0]} >= {"update", "agent_status"}
     assert {s["metric"]["kind"] for s in results["Bytes by message kind"][1]} >= {"global_state", "round"}
     assert prometheus.query(f'fl_rounds_total{{job="{JOB}", outcome="completed"}}', at=end)[0]["value"][1] == str(
         ROUNDS + 1)
-    assert prometheus.query(f'fl_messages_rejected_total{{job="{JOB}", kind="update", reason="malformed"}}', at=end)[0][
+    assert prometheus.query(f'fl_messages_rejected_total{{job="{JOB}", kind="update", reason="unknown_signer"}}', at=end)[0][
         "value"][1] == str(GARBAGE)
 
 

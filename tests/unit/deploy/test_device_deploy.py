@@ -34,6 +34,7 @@ from edge_agent.config import AgentSettings
 from protocol.security.signing import SigningKey
 from service_kit.settings import load_settings
 from tests.chart import REPO
+from tests.tls import TestCA
 
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "edge-agent.service"
@@ -171,6 +172,9 @@ def test_the_example_environment_file_names_real_settings_only(
     for name in ("FL_AGENT_CA_FILE", "FL_AGENT_CERT_FILE", "FL_AGENT_KEY_FILE"):
         files[env[name]] = tmp_path / Path(env[name]).name
         files[env[name]].write_text("PEM\n")
+    # The agent reads its certificate's CN at start (it must be the agent id): a real one stands in.
+    files[env["FL_AGENT_CERT_FILE"]].write_bytes(
+        TestCA(tmp_path / "ca").client(env["FL_AGENT_AGENT_ID"]).cert_file.read_bytes())
     argv, state = unit_exec_start()
     settings = resolve(AgentSettings, agent_app, argv[1:], env, monkeypatch, files)
     assert settings.state_dir == Path(state) and settings.device == env["FL_AGENT_DEVICE"]
