@@ -38,7 +38,6 @@ import secrets
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -46,6 +45,7 @@ import numpy as np
 
 from edge_agent.freshness import Freshness
 from edge_agent.identity import give_up
+from edge_agent.pending import HeldUpdate, SentUpdate
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
 from edge_agent.state import AgentStateDir
@@ -72,25 +72,6 @@ EXPIRY_SLACK_S = 600.0
 """Device clocks drift: an announcement counts as expired only this long after its deadline."""
 
 _SMALL = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
-
-
-@dataclass
-class SentUpdate:
-    """The last update published, kept to send again to a coordinator that may have lost it."""
-
-    run_id: str
-    round: int
-    pieces: list[bytes]
-    session: str | None
-    """The coordinator session it was last sent to (None: no coordinator status seen yet)."""
-
-
-@dataclass
-class HeldUpdate:
-    """A finished update held back by the straggler simulation until ``due`` (monotonic clock)."""
-
-    update: Update
-    due: float
 
 
 class EdgeAgent:

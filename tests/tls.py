@@ -106,3 +106,19 @@ class TestCA:
     def client(self, common_name: str) -> Issued:
         """A client certificate whose CN is ``common_name`` (the broker's username with use_identity_as_username)."""
         return self._issue(common_name, f"client-{common_name}", ExtendedKeyUsageOID.CLIENT_AUTH, None)
+
+
+def mtls_listener(port: int, ca: TestCA, server: Issued, acl: Path) -> str:
+    """Mosquitto settings for one TLS listener on loopback that requires a client certificate from ``ca``,
+    takes the certificate's CN as username and client id, and applies ``acl``."""
+    return f"""
+        listener {port} 127.0.0.1
+        cafile {ca.cert_file}
+        certfile {server.cert_file}
+        keyfile {server.key_file}
+        require_certificate true
+        use_identity_as_username true
+        use_username_as_clientid true
+        allow_anonymous false
+        acl_file {acl}
+    """

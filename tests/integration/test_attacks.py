@@ -56,7 +56,7 @@ from tests.integration.wire import (
     wait_until,
 )
 from tests.task_refs import DIGITS, family_layout, family_layouts
-from tests.tls import TestCA
+from tests.tls import TestCA, mtls_listener
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(500)]
 
@@ -108,17 +108,7 @@ def secured_broker(tmp_path: Path) -> Iterator[Setting]:
     acl = tmp_path / "acl"
     acl.write_text(pinned_acl(FEDERATION) + "\nuser wire-reader\ntopic read fl/#\n")  # the test's own observer
     port = free_port()
-    settings = f"""
-        listener {port} 127.0.0.1
-        cafile {ca.cert_file}
-        certfile {server.cert_file}
-        keyfile {server.key_file}
-        require_certificate true
-        use_identity_as_username true
-        use_username_as_clientid true
-        allow_anonymous false
-        acl_file {acl}
-    """
+    settings = mtls_listener(port, ca, server, acl)
     with MosquittoBroker(port, workdir=tmp_path / "broker", settings=settings + QUEUE):
         yield Setting("secured", f"mqtts://localhost:{port}",
                       {name: (ca.cert_file, i.cert_file, i.key_file) for name, i in issued.items()})

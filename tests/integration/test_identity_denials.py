@@ -25,6 +25,7 @@ from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from tests.integration.test_tls_identity import FEDERATION, Pki, pinned_acl, url
 from tests.integration.wire import metric, scrape, wait_until
+from tests.tls import mtls_listener
 
 pytestmark = pytest.mark.integration
 
@@ -51,17 +52,7 @@ def broker(tmp_path: Path, pki: Pki) -> Iterator[MosquittoBroker]:
     acl = tmp_path / "acl"
     acl.write_text(acl_without_updates_of(DENIED))
     port = free_port()
-    settings = f"""
-        listener {port} 127.0.0.1
-        cafile {pki.ca.cert_file}
-        certfile {pki.server.cert_file}
-        keyfile {pki.server.key_file}
-        require_certificate true
-        use_identity_as_username true
-        use_username_as_clientid true
-        allow_anonymous false
-        acl_file {acl}
-    """
+    settings = mtls_listener(port, pki.ca, pki.server, acl)
     with MosquittoBroker(port, workdir=tmp_path / "broker", settings=settings) as running:
         yield running
 

@@ -30,7 +30,7 @@ from protocol.topics import Topics
 from protocol.transport.mqtt import Backoff, BrokerAddress, MqttLink
 from tests.chart import REPO
 from tests.integration.wire import assert_agents_exit_cleanly, assert_all_completed, wait_for_rounds, wait_until
-from tests.tls import Issued, TestCA
+from tests.tls import Issued, TestCA, mtls_listener
 
 pytestmark = pytest.mark.integration
 
@@ -66,17 +66,7 @@ def broker(tmp_path: Path, pki: Pki) -> Iterator[MosquittoBroker]:
     acl = tmp_path / "acl"
     acl.write_text(pinned_acl(FEDERATION))
     port = free_port()
-    settings = f"""
-        listener {port} 127.0.0.1
-        cafile {pki.ca.cert_file}
-        certfile {pki.server.cert_file}
-        keyfile {pki.server.key_file}
-        require_certificate true
-        use_identity_as_username true
-        use_username_as_clientid true
-        allow_anonymous false
-        acl_file {acl}
-    """
+    settings = mtls_listener(port, pki.ca, pki.server, acl)
     with MosquittoBroker(port, workdir=tmp_path / "broker", settings=settings) as running:
         yield running
 
