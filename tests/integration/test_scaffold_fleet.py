@@ -30,6 +30,8 @@ def test_scaffold_fleet_updates_the_server_variate_from_what_agents_sent(
     fleet = Fleet(tmp_path / "run", mosquitto.url, FleetSpec(agents=agents, alpha=0.5), {
         "algorithm": "scaffold", "rounds": ROUNDS, "min_available_agents": 4, "min_fit_agents": 2,
         "fraction_fit": 0.5, "local_epochs": 1, "server_learning_rate": 0.8, "round_deadline_s": 120,
+        # SCAFFOLD's arithmetic on exactly what the agents sent: no claim cut, no delta clipped (tested elsewhere)
+        "claim_cap_multiple": 0, "max_norm_ratio": 0,
     }, federation=FEDERATION)
     with fleet:
         rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)  # three rounds and the evaluation
