@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec
 from protocol.messages import RoundAnnouncement, Update
-from tests.integration.chaos import small_fleet
+from tests.integration.chaos import WireView, small_fleet
 from tests.integration.wire import (
     WireRecorder,
     assert_agents_exit_cleanly,
@@ -69,3 +71,37 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     assert len(train) - (accepted - evaluated) == rejected["too_stale"] + rejected["late"] + rejected["stale_base"]
     dp = [u for u in train if u.agent_id == "phone-2"]
     assert dp and all(u.privacy is not None and u.privacy.epsilon > 0 for u in dp)
+
+
+def test_a_replayed_update_counts_once(tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
+    """Each agent's signed update of version 2, captured from the open broker and published again verbatim
+    while version 4 is open (within max_staleness): every copy is a duplicate, none weighs in a second buffer."""
+    agents = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
+    fleet = small_fleet(tmp_path / "run", mosquitto.url, "replayed", agents, {
+        "mode": "async", "buffer_size": 2, "max_staleness": 3, "rounds": VERSIONS, "min_fit_agents": 1,
+        "round_deadline_s": 60.0,
+    })
+    view = WireView(recorder, "replayed")
+    with fleet:
+        view.wait_announced(4, 120)
+        originals = recorder.snapshot(lambda m: "/updates/" in m.topic and view.topics.parse(m.topic).round == 2)
+        assert originals, "no update of version 2 on the wire"
+        replayer = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="replayer")
+        host, port = mosquitto.url.removeprefix("mqtt://").split(":")
+        replayer.connect(host, int(port))
+        replayer.loop_start()
+        try:
+            for message in originals:
+                replayer.publish(message.topic, message.payload, qos=1).wait_for_publish(10)
+        finally:
+            replayer.disconnect()
+            replayer.loop_stop()
+        rounds = wait_for_rounds(fleet, VERSIONS + 1, 240)
+        samples = scrape(fleet.http_port)
+    assert_all_completed(rounds, VERSIONS + 1)
+    duplicates = metric(samples, "fl_messages_rejected_total", kind="update", reason="duplicate")
+    assert duplicates == len(originals), (duplicates, len(originals))
+    # Every update message on the wire, replays included, was either accepted once or rejected with a reason.
+    on_wire = len(recorder.snapshot(lambda m: "/updates/" in m.topic))
+    outcomes = {o: metric(samples, "fl_updates_total", outcome=o) for o in ("accepted", "rejected")}
+    assert outcomes["accepted"] + outcomes["rejected"] == on_wire, (outcomes, on_wire)
