@@ -44,10 +44,14 @@ class TaskAgreement:
             return f"its {status.family} model has layout {status.layout}, the run's is {pinned}"
         if status.problem is not None:
             return f"it refuses rounds: {status.problem}"
+        if pinned is None:
+            return f"no layout of family {status.family} is agreed yet (a strict majority of its agents decides)"
         return None
 
     def pin(self, statuses: Iterable[AgentStatus], state_weights: Mapping[str, Mapping[str, np.ndarray]]) -> None:
-        """Pin the layout of every family that has a global state with weights, or agents reporting one."""
+        """Pin the layout of every family that has a global state with weights, or whose agents (of the run's
+        task) agree on one by a strict majority. A tie pins nothing: one hello must not decide for the rest,
+        so the family waits for more agents. The caller calls this once a round's quorum is online."""
         for family, weights in state_weights.items():
             if weights and family not in self.layouts:
                 self._pinned(family, fingerprint_of(weights), "its global state")
@@ -57,9 +61,12 @@ class TaskAgreement:
                 votes.setdefault(status.family, Counter())[status.layout] += 1
         for family, counter in sorted(votes.items()):
             if family not in self.layouts:
-                # The most reported layout; ties go to the smallest fingerprint, so every restart agrees.
-                layout = min(counter, key=lambda fp: (-counter[fp], fp))
-                self._pinned(family, layout, f"{counter[layout]} of {sum(counter.values())} agents")
+                layout, count = counter.most_common(1)[0]
+                if 2 * count > sum(counter.values()):
+                    self._pinned(family, layout, f"{count} of {sum(counter.values())} agents")
+                else:
+                    log.info("task %s: family %s has no layout most of its %d agents agree on yet", self.card.ref,
+                             family, sum(counter.values()))
 
     def _pinned(self, family: str, layout: str, source: str) -> None:
         self.layouts[family] = layout

@@ -30,10 +30,15 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     number = run.next_round
     task = "train" if number <= s.rounds else "evaluate"
     pool = parts.registry.available(now) if task == "train" else parts.registry.evaluable(now)
-    parts.task.pin((r.status for r in pool), {f: st.weights for f, st in parts.strategy.states.items()})
+    card = parts.task.card
+    willing = [r for r in pool if r.status.task_ref == card.ref and r.status.problem is None]
+    if run.connected and len(willing) >= s.min_available_agents:  # a quorum's majority, never the first hello
+        parts.task.pin((r.status for r in willing), {f: st.weights for f, st in parts.strategy.states.items()})
     pool = [r for r in pool if parts.task.status_problem(r.status) is None]
     available = [r.agent_id for r in pool]
     if not run.connected or len(available) < s.min_available_agents:
+        if len(willing) < s.min_available_agents:  # layouts wait for a quorum: count who would take part
+            available = [r.agent_id for r in willing]
         if now - run.last_wait_log > WAIT_LOG_EVERY_S:
             spent = parts.registry.budget_spent_count(now) if task == "train" else 0
             enrolled = parts.enrollment.agent_ids() if parts.enrollment is not None else ()

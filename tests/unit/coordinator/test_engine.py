@@ -291,3 +291,22 @@ def test_a_state_that_overflows_fails_the_round_and_the_coordinator_carries_on(t
     assert np.isfinite(engine.strategy.states["f"].weights["w"]).all() and engine.strategy.states["f"].round == 3
     assert engine.open is not None and engine.open.number == 4  # the next round opened from the last good state
     assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).states["f"].round == 3
+
+
+def test_the_first_hello_does_not_decide_the_layout(tmp_path: Path) -> None:
+    """An agent whose first hello claims a wrong layout, then honest agents: no layout is pinned until a round's
+    quorum is online and a strict majority agrees; the run opens with the honest layout, the other refused."""
+    clock = Clock()
+    engine, outbox, metrics = make_engine(tmp_path, clock)
+    hello(engine, "wrong", model="0" * 32)
+    engine.tick()
+    assert engine.open is None and engine.parts.task.layouts == {}  # one hello: nothing decided
+    hello(engine, "a")
+    engine.tick()
+    assert engine.open is None and engine.parts.task.layouts == {}  # a tie: wait for more agents
+    hello(engine, "b")
+    engine.tick()
+    assert engine.parts.task.layouts == {"f": LAYOUT}
+    assert engine.open is not None and engine.open.selected == ["a", "b"]
+    announcement = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert announcement.layouts == {"f": LAYOUT}

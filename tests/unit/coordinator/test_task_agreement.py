@@ -47,10 +47,13 @@ def test_a_family_layout_is_pinned_by_most_agents_then_kept() -> None:
     assert agreement.status_problem(status("c", OTHER)) == f"its cnn_small model has layout {OTHER}, the run's is {LAYOUT}"
 
 
-def test_ties_and_global_states_pin_deterministically() -> None:
+def test_a_tie_pins_nothing_and_global_states_outrank_agents() -> None:
     tie = TaskAgreement(DIGITS)
     tie.pin([status("a", OTHER), status("b", LAYOUT)], {})
-    assert tie.layouts["cnn_small"] == min(LAYOUT, OTHER)
+    assert tie.layouts == {}  # one hello must not decide for the other: wait for more agents
+    assert tie.status_problem(status("b")) is not None and "no layout" in tie.status_problem(status("b"))
+    tie.pin([status("a", OTHER), status("b", LAYOUT), status("c", LAYOUT)], {})
+    assert tie.layouts == {"cnn_small": LAYOUT} and tie.status_problem(status("b")) is None
     from_state = TaskAgreement(DIGITS)
     from_state.pin([status("a", OTHER), status("b", OTHER)], {"cnn_small": ARRAYS})
     assert from_state.layouts["cnn_small"] == LAYOUT  # the global state's weights outrank what agents say
