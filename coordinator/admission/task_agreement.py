@@ -44,8 +44,6 @@ class TaskAgreement:
             return f"its {status.family} model has layout {status.layout}, the run's is {pinned}"
         if status.problem is not None:
             return f"it refuses rounds: {status.problem}"
-        if pinned is None:
-            return f"no layout of family {status.family} is agreed yet (a strict majority of its agents decides)"
         return None
 
     def pin(self, statuses: Iterable[AgentStatus], state_weights: Mapping[str, Mapping[str, np.ndarray]]) -> None:

@@ -34,7 +34,8 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     willing = [r for r in pool if r.status.task_ref == card.ref and r.status.problem is None]
     if run.connected and len(willing) >= s.min_available_agents:  # a quorum's majority, never the first hello
         parts.task.pin((r.status for r in willing), {f: st.weights for f, st in parts.strategy.states.items()})
-    pool = [r for r in pool if parts.task.status_problem(r.status) is None]
+    # Selectable: of the task, and of a family whose layout is agreed (not yet agreed is a wait, not a mismatch).
+    pool = [r for r in pool if parts.task.status_problem(r.status) is None and r.status.family in parts.task.layouts]
     available = [r.agent_id for r in pool]
     if not run.connected or len(available) < s.min_available_agents:
         if len(willing) < s.min_available_agents:  # layouts wait for a quorum: count who would take part
