@@ -2,6 +2,7 @@
 
     python bench/async.py            # the full table (about 10 minutes on 2 cores)
     python bench/async.py --quick    # a smoke run for CI: 6 agents, short delays (numbers meaningless)
+    python bench/async.py --only weighting --seed 1   # part 2 alone (about 2 minutes), another split
 
 Part 1 (bench/async_rounds.py): wall-clock time to a target accuracy and the accuracy after a
 fixed wall-clock budget, for the three policies, in one run on the same fleet, data and seeds.
@@ -9,8 +10,9 @@ The goal: FedBuff reaches the target at least 2x sooner than synchronous FedAvg,
 accuracy within 1 point of it.
 
 Part 2 (bench/async_weighting.py): on a Dirichlet(0.1) split, where several agents hold one or
-two classes, ``--weighting kl`` (exp(-KL/T)) against plain sample-count weighting: accuracy and
-the spread of per-class accuracy.
+two classes, ``--weighting kl`` (exp(-KL/T), floored for a class's sole holders) against plain
+sample-count weighting: accuracy, the spread of per-class accuracy and the worst class; a class under
+5% is flagged. The goals: kl's accuracy and its worst class at least sample weighting's.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 from async_rounds import FleetPlan, Mode, render, run_mode
-from async_weighting import SkewPlan, run_weighting
+from async_weighting import SkewPlan, run_weighting, skew_goals
 from async_weighting import render as render_skew
 
 from launcher.broker import MosquittoBroker
@@ -72,42 +74,57 @@ def goals(plan: FleetPlan, rows: list[tuple[Mode, object]]) -> list[tuple[bool, 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="6 agents, short delays, 2 rounds: a smoke run for CI")
+    parser.add_argument("--only", choices=("rounds", "weighting"), help="run part 1 (rounds) or part 2 (weighting) only")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the data split, the model and the selection")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)  # many agents share two cores
-    plan = QUICK if args.quick else FULL
-    print(f"round policies ({'quick' if args.quick else 'full'}): {plan.agents} agents cycling jetson/rpi/phone, "
-          f"straggler delay {plan.straggler_delay}, {plan.family} on digits ({plan.partition}), {plan.local_epochs} "
-          f"local epochs, lr {plan.learning_rate:g}; target {plan.target:.0%}, budget {plan.budget_s:.0f}s")
     started = time.perf_counter()
+    verdicts: list[tuple[bool, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-async-") as work, \
             MosquittoBroker(workdir=Path(work) / "broker") as broker:
-        rows = []
-        for mode in modes(plan, args.quick):
-            print(f"  running {mode.name} ...", end="", flush=True)
-            curve = run_mode(plan, mode, broker.url, Path(work))
-            print(f" {curve.versions} versions, final {curve.final:.2%} in {curve.wall_s:.0f}s", flush=True)
-            rows.append((mode, curve))
-        print()
-        print(render(plan, rows))
-        print()
-        for ok, text in goals(plan, rows):
-            print(f"{'PASS' if ok else 'MISS'}  {text}")
-        skew = SKEW_QUICK if args.quick else SKEW_FULL
-        print(f"\nweighting on Dirichlet({skew.alpha:g}), {skew.agents} agents, {skew.rounds} synchronous rounds, "
-              f"{skew.family}, T = {skew.temperature:g}:")
-        skew_rows = []
-        for weighting in ("samples", "kl"):
-            print(f"  running --weighting {weighting} ...", end="", flush=True)
-            result = run_weighting(skew, weighting, broker.url, Path(work))
-            print(f" {result.accuracy:.2%} in {result.wall_s:.0f}s", flush=True)
-            skew_rows.append((f"{weighting}" + (f" (T={skew.temperature:g})" if weighting == "kl" else ""), result))
-        print()
-        print(render_skew(skew, skew_rows))
-    print(f"\nto N%: wall seconds from the start until a published global model scored N% on the test split; acc @Bs: "
-          f"the newest model published by then; staleness: mean versions behind of accepted updates; too stale: "
-          f"updates dropped past max_staleness. {time.perf_counter() - started:.0f}s in all.")
+        if args.only != "weighting":
+            verdicts += run_rounds(QUICK if args.quick else FULL, args.quick, args.seed, broker.url, Path(work))
+        if args.only != "rounds":
+            verdicts += run_skew(SKEW_QUICK if args.quick else SKEW_FULL, args.seed, broker.url, Path(work))
+    print()
+    for ok, text in verdicts:
+        print(f"{'PASS' if ok else 'MISS'}  {text}")
+    if args.only != "weighting":
+        print("\nto N%: wall seconds from the start until a published global model scored N% on the test split; "
+              "acc @Bs: the newest model published by then; staleness: mean versions behind of accepted updates; "
+              "too stale: updates dropped past max_staleness.")
+    print(f"{time.perf_counter() - started:.0f}s in all.")
     return 0
+
+
+def run_rounds(plan: FleetPlan, quick: bool, seed: int, broker_url: str, work: Path) -> list[tuple[bool, str]]:
+    print(f"round policies ({'quick' if quick else 'full'}): {plan.agents} agents cycling jetson/rpi/phone, "
+          f"straggler delay {plan.straggler_delay}, {plan.family} on digits ({plan.partition}), {plan.local_epochs} "
+          f"local epochs, lr {plan.learning_rate:g}, seed {seed}; target {plan.target:.0%}, budget {plan.budget_s:.0f}s")
+    rows = []
+    for mode in modes(plan, quick):
+        print(f"  running {mode.name} ...", end="", flush=True)
+        curve = run_mode(plan, mode, broker_url, work, seed)
+        print(f" {curve.versions} versions, final {curve.final:.2%} in {curve.wall_s:.0f}s", flush=True)
+        rows.append((mode, curve))
+    print()
+    print(render(plan, rows))
+    return goals(plan, rows)
+
+
+def run_skew(skew: SkewPlan, seed: int, broker_url: str, work: Path) -> list[tuple[bool, str]]:
+    print(f"\nweighting on Dirichlet({skew.alpha:g}), {skew.agents} agents, {skew.rounds} synchronous rounds, "
+          f"{skew.family}, T = {skew.temperature:g}, seed {seed}:")
+    skew_rows = []
+    for weighting in ("samples", "kl"):
+        print(f"  running --weighting {weighting} ...", end="", flush=True)
+        result = run_weighting(skew, weighting, broker_url, work, seed)
+        print(f" {result.accuracy:.2%} in {result.wall_s:.0f}s", flush=True)
+        skew_rows.append((f"{weighting}" + (f" (T={skew.temperature:g})" if weighting == "kl" else ""), result))
+    print()
+    print(render_skew(skew, skew_rows))
+    return skew_goals(skew_rows[0][1], skew_rows[1][1])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ One synchronous FedAvg federation per row through the real coordinator and agent
 Dirichlet split; only ``--weighting`` differs. Scored on the digits test split: accuracy, and
 the spread of per-class accuracy (its standard deviation and its worst class), since down-
 weighting skewed agents helps the classes they hold least and may cost the ones they hold most.
+A class that falls under ``ERASED`` is flagged: on Dirichlet(0.1) one or two skewed agents may hold
+nearly all of a class, and down-weighting them (unprotected ``exp(-KL/T)``) took that class to 0%.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from edge_agent.tasks.registry import resolve_task
 from edge_agent.tasks.splits import pool_and_test
 from edge_agent.weights import set_arrays
 from launcher.inprocess import run_federation
+
+ERASED = 0.05
+"""Per-class test accuracy under which a class counts as erased (flagged in the table and the verdicts)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,15 @@ class SkewResult:
     @property
     def spread(self) -> float:
         return float(self.per_class.std())
+
+    @property
+    def worst(self) -> float:
+        return float(self.per_class.min())
+
+    @property
+    def erased(self) -> list[int]:
+        """Classes the global model (nearly) never predicts right."""
+        return [int(c) for c in np.flatnonzero(self.per_class < ERASED)]
 
 
 def run_weighting(plan: SkewPlan, weighting: str, broker_url: str, workdir: Path, seed: int = 0) -> SkewResult:
@@ -78,11 +92,26 @@ def run_weighting(plan: SkewPlan, weighting: str, broker_url: str, workdir: Path
 
 
 def render(plan: SkewPlan, rows: list[tuple[str, SkewResult]]) -> str:
-    header = (f"{'weighting':<28} {'test acc':>9} {'per-class std':>13} {'worst class':>11} {'min factor':>10} "
-              f"{'time s':>7}")
+    header = (f"{'weighting':<28} {'test acc':>9} {'per-class std':>13} {'worst class':>15} {'min factor':>10} "
+              f"{'time s':>7}  erased (<{ERASED:.0%})")
     lines = [header, "-" * len(header)]
     for name, r in rows:
         factor = "-" if r.min_factor is None else f"{r.min_factor:.3f}"
-        lines.append(f"{name:<28} {r.accuracy:>9.2%} {r.spread:>13.4f} {r.per_class.min():>11.2%} {factor:>10} "
-                     f"{r.wall_s:>7.0f}")
+        worst = f"{r.worst:.2%} (#{int(r.per_class.argmin())})"
+        erased = ", ".join(f"#{c}" for c in r.erased) or "-"
+        lines.append(f"{name:<28} {r.accuracy:>9.2%} {r.spread:>13.4f} {worst:>15} {factor:>10} {r.wall_s:>7.0f}  "
+                     f"{erased}")
     return "\n".join(lines)
+
+
+def skew_goals(samples: SkewResult, kl: SkewResult) -> list[tuple[bool, str]]:
+    """KL weighting must gain accuracy without losing a class: the issue-26 goals, and the erased-class flag."""
+    erased = ", ".join(f"#{c} at {kl.per_class[c]:.2%}" for c in kl.erased)
+    return [
+        (kl.accuracy >= samples.accuracy,
+         f"kl accuracy >= sample weighting's: {kl.accuracy:.2%} vs {samples.accuracy:.2%}"),
+        (kl.worst >= samples.worst,
+         f"kl worst-class accuracy >= sample weighting's: {kl.worst:.2%} vs {samples.worst:.2%}"),
+        (set(kl.erased) <= set(samples.erased),
+         f"kl erases no class sample weighting keeps (<{ERASED:.0%}): " + (erased or "none erased")),
+    ]

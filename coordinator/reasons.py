@@ -32,6 +32,14 @@ class RejectReason(str, Enum):
     """An agent status older (its process epoch and sequence number) than one heard from that agent before: a replay."""
     TASK_MISMATCH = "task_mismatch"
     """Another task or version than the run's, or a model layout other than the one announced for its family."""
+    BOOTSTRAP_DISAGREES = "bootstrap_disagrees"
+    """A bootstrap round's proposal of a family's first state that a strict majority of its agents did not
+    send byte for byte (or, without any strict majority, every proposal: the family bootstraps again)."""
+    DUPLICATE_AGENT_ID = "duplicate_agent_id"
+    """Two live processes send statuses under one agent id (``coordinator.fleet.notices.DuplicateWatch``)."""
+    BAD_PARTIAL = "bad_partial"
+    """A site's partial aggregate the root cannot use: an agent counted over its hard cap, sums that do not
+    match the family's layout, or a round that does not fold a mean (a robust rule)."""
     BAD_SHAPE = "bad_shape"
     """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
     (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""

@@ -106,7 +106,8 @@ class CoordinatorSettings(BrokerSettings):
     staleness_exponent: float = Field(default=0.5, ge=0.0, le=4.0, description=(
         "async: an update s versions stale weighs (1 + s) ** -exponent of its samples; 0.5 is FedBuff's 1/sqrt(1+s)"))
     weighting: Literal["samples", "kl"] = Field(default="samples", description=(
-        "samples: weight updates by sample count; kl: also by exp(-KL / kl_temperature), KL of the agent's label "
+        "samples: weight updates by sample count; kl: also by exp(-KL / kl_temperature) (topped up so that no class "
+        "weighs less than under sample-count weighting), KL of the agent's label "
         "distribution to the federation's (agents report label counts, except under DP)"))
     kl_temperature: float = Field(default=1.0, gt=0.0, le=100.0, description=(
         "kl weighting: an agent at KL = temperature keeps e^-1 = 37% of its weight"))
@@ -156,6 +157,9 @@ class CoordinatorSettings(BrokerSettings):
     max_norm_ratio: float = Field(default=1.0, ge=0.0, allow_inf_nan=False, description=(
         "clip each delta to this times the median L2 norm of its family's deltas in the same round (counted); "
         "0 turns it off"))
+    notice_interval_s: float = Field(default=30.0, ge=0.0, le=86_400.0, allow_inf_nan=False, description=(
+        "at most one refusal notice per agent and reason in this many seconds (signed, on notices/<agent_id>); "
+        "0 sends none"))
     aggregation_memory_mb: int = Field(default=512, ge=0, le=1_048_576, description=(
         "robust rules keep a round's updates in memory up to this, in a memory-mapped file under state_dir beyond it"))
     max_message_bytes: int = Field(default=0, ge=0, description=(

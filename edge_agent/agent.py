@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.coordinator_notes import CoordinatorNotes
 from edge_agent.freshness import Freshness
 from edge_agent.identity import give_up
 from edge_agent.pending import HeldUpdate, SentUpdate
@@ -54,7 +55,16 @@ from edge_agent.training_thread import TrainingOutcome, TrainingThread, train_ro
 from edge_agent.worker import LocalWorker
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from protocol.messages import AgentStatus, CoordinatorStatus, GlobalState, PrivacySpent, RoundAnnouncement, Update
+from protocol.messages import (
+    AgentStatus,
+    CoordinatorStatus,
+    GlobalState,
+    Notice,
+    PrivacySpent,
+    RoundAnnouncement,
+    TaskAnnouncement,
+    Update,
+)
 from protocol.security.signing import PublicKey, SigningKey, single_key
 from protocol.security.trust import OPEN, Trust, decode_trusted
 from protocol.topics import Topics
@@ -121,6 +131,8 @@ class EdgeAgent:
         """Why this agent refuses the current rounds (task, version, layout, algorithm); sent in its status."""
         self.global_states: dict[int, GlobalState] = {}
         self.coordinator: CoordinatorStatus | None = None
+        self.notes = CoordinatorNotes(agent_id, worker.task.card.ref, worker.family, worker.layout)
+        """The run's task card and the coordinator's refusal notices (``edge_agent.coordinator_notes``)."""
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome),
@@ -155,9 +167,9 @@ class EdgeAgent:
             version=SOFTWARE_VERSION, timestamp=time.time(), session=self.session, privacy=privacy,
             reconnects=self._link.reconnects if self._link is not None else 0, rejected=sum(self.rejected.values()),
             denied=self._link.denials if self._link is not None else 0,
-            task_ref=self.worker.task.card.ref, layout=self.worker.layout, problem=self.problem,
+            task_ref=self.worker.task.card.ref, layout=self.worker.layout, problem=self.problem or self.notes.card_problem,
             label_counts=self.label_counts, epoch=self.freshness.process_epoch,
-            seq=0 if will else self.freshness.next_seq(),
+            seq=0 if will else self.freshness.next_seq(), notice=self.notes.notice,
         )
 
     @cached_property
@@ -188,8 +200,8 @@ class EdgeAgent:
         self._link = MqttLink(
             self.agent_id, self.broker,
             on_message=lambda topic, payload, retained: self._inbox.put(("message", (topic, payload, retained))),
-            subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1),
-                           (topics.global_states_of(self.worker.family), 1)],
+            subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1), (topics.task, 1),
+                           (topics.notices(self.agent_id), 1), (topics.global_states_of(self.worker.family), 1)],
             will=Will(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline", will=True)))),
             backoff=self.backoff,
             on_connected=lambda connection: self._inbox.put(("connected", None)),
@@ -248,6 +260,10 @@ class EdgeAgent:
                 self._on_coordinator_status(decode_trusted(payload, CoordinatorStatus, _SMALL, self._trust).message)
             elif parsed.kind == "round" and payload:
                 self._on_announcement(decode_trusted(payload, RoundAnnouncement, _SMALL, self._trust).message, retained)
+            elif parsed.kind == "task" and payload:
+                self._on_task(decode_trusted(payload, TaskAnnouncement, _SMALL, self._trust).message)
+            elif parsed.kind == "notice" and payload:
+                self._on_notice(topic, decode_trusted(payload, Notice, _SMALL, self._trust).message)
             elif parsed.kind == "global_state" and parsed.family == self.worker.family:
                 # Some brokers (amqtt) also replay other families' retained states on connect;
                 # states are keyed by round only, so a foreign one would shadow ours.
@@ -285,6 +301,20 @@ class EdgeAgent:
         # An older run's "finished" or "offline" (a replay, or a run that ended) must not stop us.
         if self._fresh(self.topics.coordinator_status, status.epoch, status.run_id, ends_run=status.state != "online"):
             self.coordinator = status
+
+    def _on_task(self, announcement: TaskAnnouncement) -> None:
+        changed = self._fresh(self.topics.task, announcement.epoch, announcement.run_id) and self.notes.on_task(announcement)
+        if changed and self._link is not None:
+            self._publish_status()  # the coordinator learns at once why this agent stays out
+
+    def _on_notice(self, topic: str, notice: Notice) -> None:
+        if not self._fresh(topic, notice.epoch, notice.run_id):
+            return
+        before = self.notes.notice
+        if not self.notes.on_notice(notice):
+            self._drop(topic, "inconsistent", f"a notice to {notice.agent_id}")
+        elif self.notes.notice != before and self._link is not None:
+            self._publish_status()  # the operator reads the refusal in this agent's status too
 
     def _on_announcement(self, ann: RoundAnnouncement, retained: bool) -> None:
         if not self._fresh(self.topics.rounds_current, ann.epoch, ann.run_id):

@@ -50,7 +50,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
     data = build_local_data(
         task, settings.data, eval_data=settings.eval_data, partition=settings.partition,
         num_partitions=settings.num_partitions, partition_index=settings.partition_index, alpha=settings.alpha,
-        min_size=settings.min_size, classes_per_client=settings.classes_per_client, data_seed=settings.data_seed,
+        min_size=settings.min_size, classes_per_client=settings.classes_per_client,
+        samples_per_class=settings.samples_per_class, data_seed=settings.data_seed,
         eval_fraction=settings.eval_fraction,
     )
     probe = task.build_model(family, seed=0)

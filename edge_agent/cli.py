@@ -61,14 +61,16 @@ app.command("run")(settings_command(AgentSettings, run))
 @app.command("tasks", short_help="List the installed tasks, or print one task's card.")
 def tasks(
     card: str | None = typer.Option(None, "--card", metavar="<task>", show_default="list the installed tasks",
-                                    help="print this task's card (JSON) for 'coordinator run --task FILE'"),
+                                    help="print this task's card (JSON), every model family's layout included, "
+                                         "for 'coordinator run --task FILE'"),
 ) -> None:
     """List the installed tasks (entry-point group edgefl.tasks), or print one task's card."""
+    from edge_agent.tasks.checks import full_card
     from edge_agent.tasks.registry import TaskNotFound, installed_tasks, resolve_task
 
     if card is not None:
         try:
-            typer.echo(resolve_task(card).card.to_json(), nl=False)
+            typer.echo(full_card(resolve_task(card)).to_json(), nl=False)
         except TaskNotFound as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None

@@ -48,6 +48,8 @@ class AgentSettings(BrokerSettings):
     alpha: float = Field(default=0.5, gt=0.0, description="dirichlet: label skew, smaller is more skewed")
     min_size: int = Field(default=10, ge=1, description="dirichlet: fewest samples in any share")
     classes_per_client: int = Field(default=2, ge=1, description="classes: labels each share holds")
+    samples_per_class: int | None = Field(default=None, ge=1, description=(
+        "few-shot: each share keeps at most this many samples of each class (the rest unused); unset: no limit"))
     data_seed: int = Field(default=0, description="seed of the partition and of the held-out split")
     eval_fraction: float = Field(default=0.15, ge=0.0, lt=1.0, description=(
         "fraction of the data held out for evaluation, when eval_data is unset"))

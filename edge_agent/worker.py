@@ -13,13 +13,14 @@ import torch
 from pydantic import ValidationError
 
 from edge_agent.algorithms import RoundContext, build_client_algorithm, unknown_algorithm
+from edge_agent.algorithms.registry import CLIENT_ALGORITHMS
 from edge_agent.attacks import Attack, AttackContext, forge_payload
 from edge_agent.compression import DeltaCompressor
 from edge_agent.data.local import LocalData
 from edge_agent.state import AgentStateDir
 from edge_agent.tasks.base import Task
 from edge_agent.tasks.checks import model_fingerprint
-from edge_agent.training import evaluate, train_local
+from edge_agent.training import TrainResult, evaluate, train_local
 from edge_agent.weights import get_arrays
 from protocol.arrays import all_finite
 from protocol.compression import COMPRESSORS
@@ -120,7 +121,12 @@ class LocalWorker:
         if self.attack is not None:
             train = self.attack.poison(train)
         batch_size = announcement.training.batch_size or self.batch_size
-        if self.privacy is not None:
+        if global_state is None and proposes_initial_weights(announcement.algorithm):
+            # A bootstrap proposal is the seeded initial model, untrained: honest agents of the family send
+            # it byte for byte, and the coordinator takes what a strict majority sent alike
+            # (coordinator/strategies/bootstrap.py). Nothing is learned from the data, nor spent of a DP budget.
+            result = TrainResult(loss=before.loss, accuracy=before.accuracy or 0.0, steps=0, duration_s=0.0)
+        elif self.privacy is not None:
             result = self.privacy.train(model, train, announcement.training, batch_size, self.device, algorithm,
                                         objective)
         else:
@@ -163,6 +169,11 @@ class LocalWorker:
         algorithm.commit()
         compressor.commit()
         return update
+
+
+def proposes_initial_weights(algorithm: str) -> bool:
+    """Whether ``algorithm``'s bootstrap payload is the model's weights (FedProto's is data: its prototypes)."""
+    return CLIENT_ALGORITHMS.entry(algorithm).supports("payloads", "weights")
 
 
 def _named(prefix: str, metrics: Mapping[str, float]) -> dict[str, float]:

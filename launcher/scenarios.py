@@ -49,6 +49,8 @@ class FleetConfig:
     partition: str
     alpha: float = 0.5
     classes_per_client: int = 3
+    samples_per_class: int | None = None
+    """At most this many samples of each class per agent (a few-shot fleet); None: no limit."""
     family: str | None = None
     """One model family for every agent; None: the one the task gives each device profile."""
     task: str = "digits"
@@ -93,7 +95,7 @@ def label_skew(fleet: FleetConfig) -> list[ClientSummary]:
     """Per agent: samples, classes and KL divergence to the pool's label distribution."""
     pool, _ = pool_and_test(resolve_task(fleet.task), fleet.data, fleet.data_seed)
     parts = make_partition(fleet.partition, pool.y, fleet.agents, fleet.data_seed, alpha=fleet.alpha,
-                           classes_per_client=fleet.classes_per_client)
+                           classes_per_client=fleet.classes_per_client, samples_per_class=fleet.samples_per_class)
     return summarize(pool.y, parts, pool.num_classes)
 
 
@@ -175,7 +177,8 @@ def _agent_settings(fleet: FleetConfig, broker_url: str, workdir: Path, federati
             federation=federation, broker_url=broker_url, device=device, agent_id=f"{device}-{i}",  # type: ignore[arg-type]
             state_dir=workdir / "agents" / f"{device}-{i}", task=fleet.task, family=fleet.family, data=fleet.data,
             partition=fleet.partition, num_partitions=fleet.agents, partition_index=i, alpha=fleet.alpha,  # type: ignore[arg-type]
-            classes_per_client=fleet.classes_per_client, data_seed=fleet.data_seed, heartbeat_s=30.0,
+            classes_per_client=fleet.classes_per_client, samples_per_class=fleet.samples_per_class,
+            data_seed=fleet.data_seed, heartbeat_s=30.0,
         ))
     return out
 
@@ -210,6 +213,7 @@ class _PersonalScore:
             local = build_local_data(task, settings.data, partition=settings.partition,
                                      num_partitions=settings.num_partitions, partition_index=settings.partition_index,
                                      alpha=settings.alpha, classes_per_client=settings.classes_per_client,
+                                     samples_per_class=settings.samples_per_class,
                                      data_seed=settings.data_seed)
             mine = np.isin(test.y, np.unique(local.train.y))
             family = settings.family or task.family_for(settings.device)

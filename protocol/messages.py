@@ -15,17 +15,24 @@ from pydantic_core import PydanticCustomError
 from protocol.arrays import Array, Arrays
 from protocol.compression import Compression, PackedArray
 from protocol.digest import digest_arrays
-from protocol.version import SCHEMA_VERSION
+from protocol.fields import (  # noqa: F401  (re-exported: the field types' historical home)
+    IDENTIFIER_PATTERN,
+    MAX_AGENTS_PER_ROUND,
+    MAX_CLASSES,
+    VERSION_PATTERN,
+    Digest,
+    Epoch,
+    Identifier,
+    Message,
+    NonNegativeInt,
+    Probability,
+    Round,
+    TaskRef,
+    TaskVersion,
+)
+from protocol.partials import PartialAggregate
+from protocol.task_card import TaskCard
 from protocol.wire_model import WireModel
-
-IDENTIFIER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-Identifier = Annotated[str, StringConstraints(pattern=IDENTIFIER_PATTERN)]
-"""Agent ids, federation and family names: safe inside an MQTT topic level (no / + #)."""
-
-Digest = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-Round = Annotated[int, Field(ge=0, le=10_000_000)]
-Probability = Annotated[float, Field(ge=0.0, le=1.0)]
 
 Algorithm = Identifier
 """A federated algorithm's name: an open set (``coordinator.strategies.registry.ALGORITHMS`` on the
@@ -34,21 +41,6 @@ round of an algorithm it does not implement and declines it (``AgentStatus.probl
 dropping the announcement as a schema error."""
 Task = Literal["train", "evaluate"]
 """What a round asks of the agents it selects (not to be confused with the user's ``TaskRef``)."""
-
-VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,31}$"
-TaskVersion = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
-
-Epoch = Annotated[int, Field(ge=0, lt=2**63)]
-"""A counter that only moves forward (freshness, docs/protocol.md): the coordinator's run epoch, an agent's
-process epoch, a status sequence number. 0: a sender that predates freshness."""
-
-MAX_AGENTS_PER_ROUND = 10_000
-MAX_CLASSES = 100_000
-"""The most classes a task's label space may declare (``TaskCard.classes``), and so ``label_counts`` may hold."""
-
-
-class Message(WireModel):
-    v: Literal[1] = SCHEMA_VERSION
 
 
 class CoordinatorStatus(Message):
@@ -66,19 +58,6 @@ class CoordinatorStatus(Message):
     timestamp: float
     epoch: Epoch = 0
     """The run's epoch: higher for every new run, kept by a resumed one; agents drop what an older epoch signed."""
-
-
-class TaskRef(WireModel):
-    """The user's task (model families, label space, data loader) a run trains, by name and version.
-
-    Coordinator and agents must agree on it: an agent refuses a round of another task or version.
-    """
-
-    name: Identifier
-    version: TaskVersion
-
-    def __str__(self) -> str:
-        return f"{self.name}@{self.version}"
 
 
 class PrivacySpent(WireModel):
@@ -125,6 +104,8 @@ class AgentStatus(Message):
     """This agent process's epoch: higher at every process start (kept in its state directory)."""
     seq: Epoch = 0
     """Statuses of this process, counted from 1; 0 is its last will. (epoch, seq) orders an agent's statuses."""
+    notice: str | None = Field(default=None, max_length=600)
+    """The coordinator's latest refusal notice to this agent (``reason: detail``), None when it got none."""
 
     @model_validator(mode="after")
     def _check(self) -> AgentStatus:
@@ -309,6 +290,39 @@ class Update(Message):
         return self
 
 
+class TaskAnnouncement(Message):
+    """The run's task card, signed and retained on ``task``, published before round 1 and again whenever a
+    family's layout is fixed: what an agent must train, and with which arrays, to be selected."""
+
+    kind: Literal["task"] = "task"
+    run_id: Identifier
+    card: TaskCard
+    timestamp: float
+    epoch: Epoch = 0
+    """The run's epoch (as in ``CoordinatorStatus``)."""
+
+
+NoticeReason = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+class Notice(Message):
+    """Why the coordinator refused one agent's status or update: signed, on ``notices/{agent_id}``, not retained,
+    at most one per agent and reason per interval (``notice_interval_s``)."""
+
+    kind: Literal["notice"] = "notice"
+    run_id: Identifier
+    agent_id: Identifier
+    about: Literal["status", "update"]
+    reason: NoticeReason
+    """A reject reason (docs/protocol.md lists them), e.g. ``task_mismatch``, ``late``, ``duplicate_agent_id``."""
+    detail: str = Field(default="", max_length=512)
+    round: Round = 0
+    """The update's round; 0 for a status."""
+    timestamp: float
+    epoch: Epoch = 0
+    """The run's epoch (as in ``CoordinatorStatus``)."""
+
+
 class Chunk(Message):
     """One piece of a message too large for the broker's message size cap."""
 
@@ -353,5 +367,6 @@ class Signed(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["kind"].default: cls
-    for cls in (CoordinatorStatus, AgentStatus, RoundAnnouncement, GlobalState, Update, Chunk, Signed)
+    for cls in (CoordinatorStatus, AgentStatus, RoundAnnouncement, GlobalState, Update, TaskAnnouncement, Notice,
+                Chunk, Signed, PartialAggregate)
 }

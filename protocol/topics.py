@@ -17,7 +17,8 @@ _IDENTIFIER = re.compile(IDENTIFIER_PATTERN)
 _ROUND = re.compile(r"^(0|[1-9][0-9]{0,7})$")
 _CHUNK_INDEX = re.compile(r"^(0|[1-9][0-9]{0,4})$")
 
-TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update"]
+TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update", "task", "notice",
+                    "partial"]
 
 
 def check_identifier(value: str, what: str) -> str:
@@ -30,6 +31,7 @@ def check_identifier(value: str, what: str) -> str:
 class ParsedTopic:
     kind: TopicKind
     agent_id: str | None = None
+    """The sender an agent's topics name; on a partial's topic, its site's id (sites enroll like agents)."""
     family: str | None = None
     round: int | None = None
     chunk: int | None = None
@@ -48,6 +50,15 @@ class Topics:
     @property
     def rounds_current(self) -> str:
         return f"{self.root}/rounds/current"
+
+    @property
+    def task(self) -> str:
+        """The run's task card (``TaskAnnouncement``), retained."""
+        return f"{self.root}/task"
+
+    def notices(self, agent_id: str) -> str:
+        """The coordinator's refusal notices to one agent (``Notice``), not retained."""
+        return f"{self.root}/notices/{agent_id}"
 
     def global_state(self, family: str, round_number: int) -> str:
         return f"{self.root}/global/{family}/{round_number}"
@@ -80,6 +91,14 @@ class Topics:
     def all_updates(self) -> str:
         return f"{self.root}/updates/+/+"
 
+    def partial(self, site_id: str, round_number: int) -> str:
+        """A site aggregator's partial aggregates of one round (``PartialAggregate``), up the site's bridge."""
+        return f"{self.root}/sites/{site_id}/partials/{round_number}"
+
+    @property
+    def all_partials(self) -> str:
+        return f"{self.root}/sites/+/partials/+"
+
     @property
     def everything(self) -> str:
         return f"{self.root}/#"
@@ -87,17 +106,24 @@ class Topics:
     def parse(self, topic: str) -> ParsedTopic:
         """Classify a topic of this federation; raises BAD_TOPIC for anything else."""
         parts = topic.split("/")
-        if len(parts) < 4 or parts[0] != "fl" or parts[1] != self.federation:
+        if len(parts) < 3 or parts[0] != "fl" or parts[1] != self.federation:
             raise ProtocolError(Reason.BAD_TOPIC, f"not a topic of federation {self.federation}: {topic[:120]}")
         rest = parts[2:]
         if rest == ["coordinator", "status"]:
             return ParsedTopic("coordinator_status")
         if rest == ["rounds", "current"]:
             return ParsedTopic("round")
+        if rest == ["task"]:
+            return ParsedTopic("task")
+        if len(rest) == 2 and rest[0] == "notices" and _IDENTIFIER.fullmatch(rest[1]):
+            return ParsedTopic("notice", agent_id=rest[1])
         if len(rest) == 3 and rest[0] == "agents" and rest[2] == "status" and _IDENTIFIER.fullmatch(rest[1]):
             return ParsedTopic("agent_status", agent_id=rest[1])
         if len(rest) == 3 and rest[0] == "updates" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2]):
             return ParsedTopic("update", agent_id=rest[1], round=int(rest[2]))
+        if (len(rest) == 4 and rest[0] == "sites" and rest[2] == "partials" and _IDENTIFIER.fullmatch(rest[1])
+                and _ROUND.fullmatch(rest[3])):
+            return ParsedTopic("partial", agent_id=rest[1], round=int(rest[3]))
         if (len(rest) in (3, 4) and rest[0] == "global" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2])
                 and (len(rest) == 3 or _CHUNK_INDEX.fullmatch(rest[3]))):
             return ParsedTopic("global_state", family=rest[1], round=int(rest[2]),

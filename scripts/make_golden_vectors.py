@@ -40,14 +40,18 @@ from protocol.messages import (
     GlobalState,
     LocalTraining,
     Message,
+    Notice,
     RoundAnnouncement,
     StateRef,
+    TaskAnnouncement,
     TaskRef,
     TrainMetrics,
     Update,
 )
+from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.security.signing import DOMAIN, SigningKey
-from protocol.tasks import layout_fingerprint
+from protocol.task_card import FamilyLayout, TaskCard
+from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
 from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES
 from protocol.wire import encode_message
@@ -68,6 +72,26 @@ COORDINATOR_SEED = hashlib.sha256(b"edgefl golden vectors: coordinator key").dig
 INT8_SEED = 7
 CHUNK_MAX_MESSAGE_BYTES = 384
 TRANSFER_ID = "0123456789abcdef"
+SITE = "site-1"
+SITE_SEED = hashlib.sha256(b"edgefl golden vectors: site key").digest()
+"""A published test key of a site aggregator: never use it for anything but these vectors."""
+
+DIGITS_LAYOUTS: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {
+    "cnn_large": (("features.0.weight", (32, 1, 3, 3)), ("features.0.bias", (32,)), ("features.1.weight", (32,)),
+                  ("features.1.bias", (32,)), ("features.3.weight", (64, 32, 3, 3)), ("features.3.bias", (64,)),
+                  ("features.4.weight", (64,)), ("features.4.bias", (64,)), ("features.7.weight", (128, 64, 3, 3)),
+                  ("features.7.bias", (128,)), ("features.8.weight", (128,)), ("features.8.bias", (128,)),
+                  ("features.12.weight", (64, 512)), ("features.12.bias", (64,)), ("head.weight", (10, 64)),
+                  ("head.bias", (10,))),
+    "cnn_small": (("features.0.weight", (16, 1, 3, 3)), ("features.0.bias", (16,)), ("features.1.weight", (16,)),
+                  ("features.1.bias", (16,)), ("features.4.weight", (32, 16, 3, 3)), ("features.4.bias", (32,)),
+                  ("features.5.weight", (32,)), ("features.5.bias", (32,)), ("features.9.weight", (64, 128)),
+                  ("features.9.bias", (64,)), ("head.weight", (10, 64)), ("head.bias", (10,))),
+    "mlp_tiny": (("features.1.weight", (64, 64)), ("features.1.bias", (64,)), ("features.3.weight", (64, 64)),
+                 ("features.3.bias", (64,)), ("head.weight", (10, 64)), ("head.bias", (10,))),
+}
+"""The built-in digits task's float32 arrays per family, as ``edge-agent tasks --card digits`` printed them when
+these vectors were made: written out so that making the vectors needs no torch, and stays fixed."""
 
 TOPICS = Topics(FEDERATION)
 
@@ -228,9 +252,69 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
                   f"{CHUNK_MAX_MESSAGE_BYTES} ({piece} data bytes a chunk).",
                   max_message_bytes=CHUNK_MAX_MESSAGE_BYTES, whole_file="global_state_signed.msgpack")
 
+    _task_and_notice(v, key, layout, delta)
+    _partial(v, state.digest, delta)
     _freshness(v, status, state, announcement, hello, key)
     _rejects(v, status, state, round_bytes, key)
     return v.items
+
+
+def _task_and_notice(v: Vectors, key: SigningKey, layout: str, delta: dict[str, np.ndarray]) -> None:
+    """The run's task card (retained on ``task``) and a refusal notice (on ``notices/{agent_id}``), plain and signed."""
+    card = BUILTIN_CARDS["digits"].model_copy(update={"layouts": {
+        family: FamilyLayout.of({name: (shape, "<f4") for name, shape in arrays})
+        for family, arrays in DIGITS_LAYOUTS.items()}})
+    task = TaskAnnouncement(run_id=RUN_ID, card=card, timestamp=TIMESTAMP, epoch=EPOCH)
+    layouts = {family: {"layout_preimage": "".join(f"{a.name}:{a.dtype}:{_py_tuple(a.shape)};" for a in lay.arrays)}
+               for family, lay in card.layouts.items()}
+    task_bytes = v.message("task", task, TOPICS.task, True,
+                           "The digits task's full card (edge-agent tasks --card digits) as a coordinator given it publishes "
+                           "it before round 1: label space, families, and each family's layout (arrays in "
+                           "order, and their fingerprint).",
+                           layouts=layouts)
+    v.message("task_signed", key.seal(task_bytes), TOPICS.task, True, "task.msgpack in a Signed envelope, as it travels.",
+              public_key=key.public_key.to_text(), inner_file="task.msgpack")
+    golden = TaskCard(name=TASK.name, version=TASK.version, classes=("a", "b", "c"), families=(FAMILY, "cnn_small"),
+                      layouts={FAMILY: FamilyLayout(fingerprint=layout)})
+    v.message("task_fingerprint_only", TaskAnnouncement(run_id=RUN_ID, card=golden, timestamp=TIMESTAMP, epoch=EPOCH),
+              TOPICS.task, True,
+              "An operator's card that declared no layouts: mlp_tiny's was fixed by a majority of its agents (its "
+              "fingerprint, no arrays), cnn_small's is not fixed yet (absent).")
+    half = {n: a.astype("<f2") if a.dtype.kind == "f" else a for n, a in delta.items()}
+    notice = Notice(run_id=RUN_ID, agent_id=AGENT, about="update", reason="task_mismatch",
+                    detail=f"delta of layout {layout_fingerprint(layout_of(half))}, announced {layout}", round=3,
+                    timestamp=TIMESTAMP, epoch=EPOCH)
+    notice_bytes = v.message("notice", notice, TOPICS.notices(AGENT), False,
+                             "The notice an agent gets for a round-3 update whose delta is float16 (the layout names "
+                             "float32): refused as task_mismatch, by its layout fingerprint.")
+    v.message("notice_signed", key.seal(notice_bytes), TOPICS.notices(AGENT), False,
+              "notice.msgpack in a Signed envelope, as it travels (QoS 1, not retained).",
+              public_key=key.public_key.to_text(), inner_file="notice.msgpack")
+
+
+def _partial(v: Vectors, base_digest: str, delta: dict[str, np.ndarray]) -> None:
+    """A site aggregator's partial aggregate of round 3 (two agents folded, one straggling), plain and signed."""
+    weights = {AGENT: 120.0, "agent-2": 40.0}
+    other = {n: a * np.asarray(0.5, a.dtype) for n, a in delta.items() if a.dtype.kind == "f"}
+    sums = {n: weights[AGENT] * a.astype("<f8") + weights["agent-2"] * other[n].astype("<f8")
+            for n, a in delta.items() if a.dtype.kind == "f"}
+    outcomes = {AGENT: AgentOutcome(outcome="accepted", samples=120, weight=120.0, eval_accuracy=0.75, eval_loss=0.5,
+                                    num_eval_samples=40),
+                "agent-2": AgentOutcome(outcome="accepted", samples=40, weight=40.0),
+                "agent-3": AgentOutcome(outcome="rejected", reason="stale_base"),
+                "agent-4": AgentOutcome(outcome="straggler")}
+    partial = PartialAggregate(run_id=RUN_ID, epoch=EPOCH, site_id=SITE, round=3, family=FAMILY,
+                               base_digest=base_digest, sums=sums,
+                               integers={n: a for n, a in delta.items() if a.dtype.kind != "f"}, heaviest=AGENT,
+                               total_weight=160.0, count=2, outcomes=outcomes, bytes_in=2048)
+    partial_bytes = v.message("partial", partial, TOPICS.partial(SITE, 3), False,
+                              "A site's partial aggregate of round 3: float64 sums of weight x delta over two agents "
+                              "(the mean is sums / total_weight), the heaviest agent's int64 counter, every "
+                              "selected agent's outcome.")
+    site_key = SigningKey(Ed25519PrivateKey.from_private_bytes(SITE_SEED))
+    v.message("partial_signed", site_key.seal(partial_bytes), TOPICS.partial(SITE, 3), False,
+              "partial.msgpack in a Signed envelope made with the test site key (enrolled at the root like an agent).",
+              public_key=site_key.public_key.to_text(), inner_file="partial.msgpack")
 
 
 def _freshness(v: Vectors, status: CoordinatorStatus, state: GlobalState, announcement: RoundAnnouncement,

@@ -14,8 +14,15 @@ for tool in prometheus promtool; do
     missing+=("$tool")
   fi
 done
+# The image test (tests/integration/test_images.py) builds with buildah and debootstrap and runs
+# with podman and runc; it skips without them, so only root (CI) installs them here.
+containers=()
+if [ "$(id -u)" -eq 0 ] && ! command -v buildah >/dev/null; then
+  containers=(buildah podman runc skopeo debootstrap)
+  missing+=("${containers[@]}")
+fi
 if [ "${#missing[@]}" -gt 0 ]; then
-  install="apt-get install -y --no-install-recommends mosquitto prometheus"
+  install="apt-get install -y --no-install-recommends mosquitto prometheus ${containers[*]}"
   if [ "$(id -u)" -ne 0 ]; then
     echo "error: not installed: ${missing[*]}. install the packages, then run this again:" >&2
     echo "  sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive $install" >&2
@@ -26,7 +33,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
          "install Mosquitto and Prometheus (prometheus, promtool) with your package manager" >&2
     exit 1
   fi
-  echo "installing mosquitto and prometheus (missing: ${missing[*]})" >&2
+  echo "installing the missing packages: ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
   apt-get update
   $install

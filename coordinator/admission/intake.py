@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.admission.decisions import Reject
+from coordinator.admission.partials import PartialIn
 from coordinator.admission.unpacking import StateArrays, unpack_update, update_raw_bytes
 from coordinator.reasons import RejectReason
 from coordinator.telemetry.metrics import CoordinatorMetrics
@@ -20,6 +21,7 @@ from protocol.compression import CompressionSpec
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, Update
+from protocol.partials import PartialAggregate
 from protocol.security.trust import Trust, decode_trusted
 from protocol.topics import ParsedTopic, Topics
 from protocol.transport.chunking import Reassembler, receive
@@ -69,7 +71,7 @@ class Refused:
     reject: Reject
 
 
-Inbound = StatusIn | StatusCleared | UpdateIn | Refused
+Inbound = StatusIn | StatusCleared | UpdateIn | PartialIn | Refused
 
 
 class Intake:
@@ -98,7 +100,21 @@ class Intake:
             return self._status(parsed.agent_id, payload)
         if parsed.kind == "update":
             return self._update(parsed, payload, states)
+        if parsed.kind == "partial":
+            return self._partial(parsed, payload)
         return None
+
+    def _partial(self, parsed: ParsedTopic, payload: bytes) -> Inbound:
+        """A site aggregator's partial aggregate: signed by the key enrolled for the site its topic names."""
+        assert parsed.agent_id is not None
+        try:
+            received = decode_trusted(payload, PartialAggregate, self.update_limits, self.trust)
+        except ProtocolError as exc:
+            return Refused("partial", parsed.agent_id, Reject(exc.reason, exc.detail))
+        if received.signer is not None and received.signer != received.message.site_id:
+            return Refused("partial", parsed.agent_id, Reject(
+                RejectReason.SIGNER_MISMATCH, f"partial of {received.message.site_id} signed by {received.signer}'s key"))
+        return PartialIn(parsed, received.message, received.size)
 
     def _status(self, agent_id: str, payload: bytes) -> Inbound:
         if not payload:  # a cleared retained status: the agent was removed

@@ -1,10 +1,14 @@
 """Coordinator and agents agree on the task: its name and version, and each family's model layout.
 
 The coordinator imports no task code: it knows the task by its card, and a family's layout by
-fingerprint. A family's layout is pinned the first time a round names it, from its global state
-when it has one, else from what most of the eligible agents of that family report, and then
-stays for the run (it is part of the checkpoint). Agents of another task or layout are not
-selected, and their updates are never aggregated (``task_mismatch``).
+fingerprint. A family's layout is pinned from the card where the card declares it (built-in
+tasks' cards and ``edge-agent tasks --card`` declare every family's), else from its global state,
+else by a strict majority of the agents of that family once a round's quorum is online (never by
+the first hello; a tie waits), and then stays for the run (it is part of the checkpoint). Agents
+of another task or layout are not selected, and their updates are never aggregated (``task_mismatch``).
+
+What is agreed is published as the run's card (``TaskAnnouncement``): ``revision`` moves whenever
+a family's layout is pinned or its arrays become known, so the engine republishes it then.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from coordinator.admission.decisions import Reject
 from coordinator.reasons import RejectReason
 from protocol.arrays import layout_of
 from protocol.messages import AgentStatus, RoundAnnouncement, Update
-from protocol.tasks import TaskCard, layout_fingerprint
+from protocol.tasks import FamilyLayout, TaskCard, layout_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +38,18 @@ class TaskAgreement:
         self.card = card
         self.layouts: dict[str, str] = {}
         """Pinned layout fingerprint per family."""
+        self.described: dict[str, FamilyLayout] = dict(card.layouts)
+        """The families whose arrays are known (from the card, or from a global state's weights)."""
+        self.revision = 0
+        """Moves whenever ``published_card`` would change."""
+        for family, layout in card.layouts.items():
+            self._pinned(family, layout.fingerprint, "the task card")
+
+    def published_card(self) -> TaskCard:
+        """The card as agents should see it: every pinned family's layout, with its arrays where known."""
+        layouts = {family: self.described.get(family) or FamilyLayout(fingerprint=fingerprint)
+                   for family, fingerprint in sorted(self.layouts.items()) if family in self.card.families}
+        return self.card.model_copy(update={"layouts": layouts})
 
     def status_problem(self, status: AgentStatus) -> str | None:
         """Why an agent with this status cannot take part, or None."""
@@ -51,8 +67,13 @@ class TaskAgreement:
         task) agree on one by a strict majority. A tie pins nothing: one hello must not decide for the rest,
         so the family waits for more agents. The caller calls this once a round's quorum is online."""
         for family, weights in state_weights.items():
-            if weights and family not in self.layouts:
+            if not weights:
+                continue
+            if family not in self.layouts:
                 self._pinned(family, fingerprint_of(weights), "its global state")
+            if family not in self.described and self.layouts[family] == fingerprint_of(weights):
+                self.described[family] = FamilyLayout.of(layout_of(weights))
+                self.revision += 1
         votes: dict[str, Counter[str]] = {}
         for status in statuses:
             if status.task_ref == self.card.ref:
@@ -68,6 +89,7 @@ class TaskAgreement:
 
     def _pinned(self, family: str, layout: str, source: str) -> None:
         self.layouts[family] = layout
+        self.revision += 1
         log.info("task %s: family %s has layout %s (from %s)", self.card.ref, family, layout, source)
 
     def check_update(self, update: Update, announcement: RoundAnnouncement) -> Reject | None:
@@ -102,4 +124,10 @@ class TaskAgreement:
         if not isinstance(layouts, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) and len(v) == 32 for k, v in layouts.items()):
             raise ValueError(f"checkpoint in {where}: task layouts must map family names to fingerprints")
-        self.layouts = dict(layouts)
+        for family, declared in self.card.layouts.items():
+            if layouts.get(family, declared.fingerprint) != declared.fingerprint:
+                raise ValueError(f"checkpoint in {where}: family {family} was trained with layout {layouts[family]}, "
+                                 f"the task card declares {declared.fingerprint}; use another state_dir to start a "
+                                 f"new run with this card")
+        self.layouts = {**layouts, **{f: d.fingerprint for f, d in self.card.layouts.items()}}
+        self.revision += 1

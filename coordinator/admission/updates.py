@@ -3,8 +3,8 @@
 Every policy's decision is framed by the same checks: first that the update is on its own topic
 and of this run, then (once the policy accepts it) the weight it may count for (a claim over the
 bound is clipped, not rejected), its delta's norm (the engine clips it against the round's median)
-and, with KL weighting, its label-skew factor. ``agent_checks``, which every policy composes, lives
-here too.
+and, with KL weighting, its label-skew factor (floored for rare classes' holders:
+``telemetry/rare_classes.py``). ``agent_checks``, which every policy composes, lives here too.
 """
 
 from __future__ import annotations

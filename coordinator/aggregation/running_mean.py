@@ -83,6 +83,33 @@ class RunningMean:
             self._heaviest = rank
             self._others = {n: np.array(a, copy=True) for n, a in arrays.items() if a.dtype.kind != "f"}
 
+    @property
+    def heaviest(self) -> tuple[float, str] | None:
+        """(weight, key) of the heaviest update folded in, whose integer arrays ``others`` holds."""
+        return self._heaviest
+
+    @property
+    def others(self) -> NamedArrays:
+        return self._others
+
+    @classmethod
+    def of_sums(cls, layout: Layout, sums: NamedArrays, others: NamedArrays, total_weight: float, count: int,
+                heaviest: tuple[float, str]) -> RunningMean:
+        """A running mean folded elsewhere (a site aggregator's partial aggregate), to combine with this one's.
+
+        ``layout`` is the folded arrays' (names, shapes, dtypes); ``sums`` its floating arrays' weighted sums in
+        float64, ``others`` its integer arrays, taken from ``heaviest`` (weight, key)."""
+        floating = {name for name, _, dtype in layout if np.dtype(dtype).kind == "f"}
+        if sums.keys() != floating or others.keys() != {name for name, _, _ in layout} - floating:
+            raise AggregationError(FailureReason.LAYOUT_MISMATCH, "the sums do not cover the layout's arrays")
+        if not (math.isfinite(total_weight) and total_weight > 0 and count > 0):
+            raise AggregationError(FailureReason.BAD_WEIGHTS, f"total weight {total_weight} of {count}")
+        mean = cls()
+        mean.layout, mean.total_weight, mean.count, mean._heaviest = layout, total_weight, count, heaviest
+        mean.sums = {name: np.array(a, dtype=np.float64, copy=True) for name, a in sums.items()}
+        mean._others = {name: np.array(a, copy=True) for name, a in others.items()}
+        return mean
+
     def result(self) -> dict[str, np.ndarray]:
         """The weighted mean, in the inputs' names, shapes and dtypes (floats rounded once)."""
         return combine_means([self])

@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from coordinator.settings import CoordinatorSettings
+from coordinator.sites.settings import SiteSettings
 from service_kit.cli_options import settings_command, version_option
 from service_kit.keys import load_or_create_signing_key
 
@@ -41,6 +42,21 @@ def run(settings: CoordinatorSettings) -> int:
 
 app.command("run", short_help="Run the coordinator until stopped, or until the run ends.")(
     settings_command(CoordinatorSettings, run))
+
+
+def site(settings: SiteSettings) -> int:
+    """Run a site aggregator until stopped: fold the site's agents' updates into partial aggregates for the root."""
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from coordinator.sites.service import SiteService
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return SiteService(settings).run(stop)
+
+
+app.command("site", short_help="Run a site aggregator behind a bridged site broker (sync FedAvg/FedProx, mean).")(
+    settings_command(SiteSettings, site))
 
 
 @app.command("enroll", short_help="Enroll devices: issue (or take) their keys and register them.")

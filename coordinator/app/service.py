@@ -69,7 +69,7 @@ class CoordinatorService:
         self._link = MqttLink(
             self.settings.mqtt_client_id, self.settings.broker_address(),
             on_message=lambda topic, payload, retained: self._received(topic, payload),
-            subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1)],
+            subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1), (topics.all_partials, 1)],
             will=Will(topics.coordinator_status, self.engine.offline_status()),
             persistent_session=True,
             backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),

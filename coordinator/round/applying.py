@@ -17,9 +17,10 @@ from coordinator.admission.view import AdmissionView
 from coordinator.aggregation.running_mean import l2_norm
 from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import clipped
+from coordinator.round.notifying import notify, watch_duplicates
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
-from protocol.messages import Update
+from protocol.messages import AgentStatus, Update
 
 log = logging.getLogger("coordinator.round.engine")
 
@@ -36,15 +37,23 @@ def admission_view(parts: EngineParts, run: RunState, now: float) -> AdmissionVi
         claim_cap_multiple=s.claim_cap_multiple, weighting=s.weighting, kl_temperature=s.kl_temperature)
 
 
-def apply_status(parts: EngineParts, run: RunState, agent_id: str, decision: StatusDecision, now: float) -> None:
+def apply_status(parts: EngineParts, run: RunState, agent_id: str, status: AgentStatus, decision: StatusDecision,
+                 now: float) -> None:
+    """``status`` as it arrived (``agent_id``: its topic's); ``decision`` what admission made of it."""
     if isinstance(decision, Forget):
         forget(parts, decision.agent_id)
         return
     if isinstance(decision, Reject):
         parts.rejects.record("agent_status", decision.reason.value, agent_id, decision.detail)
+        if decision.reason == RejectReason.STALE_STATUS:  # a replay, or a second live process under this id
+            watch_duplicates(parts, run, status)
+        else:
+            notify(parts, run, agent_id, "status", decision)
         return
+    watch_duplicates(parts, run, status)
     for remark in decision.remarks:
         parts.rejects.record("agent_status", remark.reject.reason.value, agent_id, remark.reject.detail, remark.action)
+        notify(parts, run, agent_id, "status", remark.reject)
     _observe(parts, run, decision, now)
 
 
@@ -90,6 +99,7 @@ def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision:
         parts.metrics.deferred.inc()
     else:
         refuse_update(parts, run, inbound.update.agent_id, decision)
+        notify(parts, run, inbound.update.agent_id, "update", decision, inbound.update.round)
 
 
 def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
-from protocol.messages import CoordinatorStatus
+from protocol.messages import CoordinatorStatus, TaskAnnouncement
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import encode_message
 
@@ -12,6 +12,16 @@ from protocol.wire import encode_message
 def publish_states(parts: EngineParts, run: RunState) -> int:
     """Every family's global state not yet retained on this connection; the bytes sent."""
     return parts.publisher.states(parts.strategy.states, run.run_id, run.epoch)
+
+
+def publish_task(parts: EngineParts, run: RunState, *, force: bool = False) -> None:
+    """The run's card (retained), when what is agreed changed since it was last published, or ``force``
+    (after every connect: the broker may have lost it, or still hold an older run's)."""
+    if not force and run.task_revision == parts.task.revision:
+        return
+    run.task_revision = parts.task.revision
+    parts.publisher.task(TaskAnnouncement(run_id=run.run_id or "none", card=parts.task.published_card(),
+                                          timestamp=parts.wall_clock(), epoch=run.epoch))
 
 
 def publish_status(parts: EngineParts, run: RunState, state: str) -> None:

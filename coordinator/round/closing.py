@@ -66,7 +66,7 @@ def summarise(closure: Closure, cap_multiple: float) -> RoundSummary:
         accuracy_median=overall.accuracy_median, accuracy_min=overall.accuracy_min, accuracy_max=overall.accuracy_max,
         detail=closure.detail, publish_s=round(open_round.publish_s, 4), collect_s=round(closure.collect_s, 4),
         aggregate_s=round(closure.aggregate_s, 4), clipped_claims=sorted(open_round.clipped_claims),
-        clipped_norms=sorted(open_round.clipped_norms),
+        clipped_norms=sorted(open_round.clipped_norms), sites=dict(open_round.sites),
     )
 
 
@@ -95,7 +95,7 @@ def begin_close(parts: EngineParts, run: RunState, now: float, ending: tuple[str
     dropouts = {a for a in missing if a in open_round.went_offline or not parts.registry.is_online(a, now)}
     # Closed early (enough answered): the rest were over-selected, not late. Asynchronous rounds: still working.
     late = now >= open_round.deadline and parts.policy.missing_are_stragglers
-    stragglers = missing - dropouts if late else set()
+    stragglers = (missing - dropouts if late else set()) | (open_round.site_stragglers & missing - dropouts)
     next_round = open_round.number + 1
     closure = Closure(
         open_round=open_round, outcome=outcome, reason=reason, stragglers=stragglers, dropouts=dropouts,

@@ -27,9 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from coordinator.admission.intake import Refused, StatusCleared, StatusIn, UpdateIn
+from coordinator.admission.partials import PartialIn
 from coordinator.admission.statuses import admit_status
 from coordinator.admission.updates import admit_update
-from coordinator.round import applying, broadcast, closing, opening, resume
+from coordinator.round import applying, broadcast, closing, opening, resume, sites
 from coordinator.round.actions import Action
 from coordinator.round.closure import Closure
 from coordinator.round.parts import EngineParts
@@ -114,9 +115,11 @@ class RoundEngine:
             now = parts.clock()
             decision = admit_status(inbound.status, inbound.agent_id, inbound.signer,
                                     applying.admission_view(parts, run, now))
-            applying.apply_status(parts, run, inbound.agent_id, decision, now)
+            applying.apply_status(parts, run, inbound.agent_id, inbound.status, decision, now)
         elif isinstance(inbound, UpdateIn):
             self._admit(inbound)
+        elif isinstance(inbound, PartialIn):  # a site aggregator's fold of its agents' updates
+            sites.apply_partial(parts, run, inbound)
         return parts.actions.drain()
 
     def on_connection(self, connected: bool, session_present: bool = True) -> list[Action]:
@@ -136,6 +139,7 @@ class RoundEngine:
             log.warning("the broker lost this coordinator's session; agents will resend to session %s", run.session)
         run.ever_connected = True
         broadcast.publish_status(parts, run, "finished" if run.finished else "online")
+        broadcast.publish_task(parts, run, force=True)
         parts.retained.reconnected()
         if not run.closing:  # else the states are changing: the next round publishes them
             broadcast.publish_states(parts, run)
@@ -152,6 +156,8 @@ class RoundEngine:
         now = parts.clock()
         self._refresh_gauges(now)
         wait = self._advance(now)
+        if self.run.connected:
+            broadcast.publish_task(parts, self.run)  # a family's layout was fixed, or its arrays became known
         return Tick(wait, parts.actions.drain())
 
     def closed(self, closure: Closure) -> list[Action]:

@@ -7,11 +7,15 @@ import math
 import statistics
 import time
 
+from coordinator.admission.decisions import Reject
+from coordinator.fleet.agents import AgentRecord
 from coordinator.fleet.selection import plan_selection
 from coordinator.fleet.waiting import not_available
+from coordinator.reasons import RejectReason
 from coordinator.round.actions import Save
 from coordinator.round.broadcast import publish_states, publish_status
 from coordinator.round.norm_clip import NormGate, RoundNorms
+from coordinator.round.notifying import notify
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
 from coordinator.state.rounds import OpenRound
@@ -33,7 +37,10 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     card = parts.task.card
     willing = [r for r in pool if r.status.task_ref == card.ref and r.status.problem is None]
     if run.connected and len(willing) >= s.min_available_agents:  # a quorum's majority, never the first hello
+        revision = parts.task.revision
         parts.task.pin((r.status for r in willing), {f: st.weights for f, st in parts.strategy.states.items()})
+        if parts.task.revision != revision:
+            _tell_the_minority(parts, run, willing)
     # Selectable: of the task, and of a family whose layout is agreed (not yet agreed is a wait, not a mismatch).
     pool = [r for r in pool if parts.task.status_problem(r.status) is None and r.status.family in parts.task.layouts]
     available = [r.agent_id for r in pool]
@@ -80,6 +87,14 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
              number, task, len(selected), len(available), wanted, s.round_deadline_s)
     return True
+
+
+def _tell_the_minority(parts: EngineParts, run: RunState, willing: list[AgentRecord]) -> None:
+    """Agents whose layout lost the vote hear it now, not at their next heartbeat."""
+    for record in willing:
+        problem = parts.task.status_problem(record.status)
+        if problem is not None:
+            notify(parts, run, record.agent_id, "status", Reject(RejectReason.TASK_MISMATCH, problem))
 
 
 def announce(parts: EngineParts, run: RunState, number: int, task: str, selected: list[str],

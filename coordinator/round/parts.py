@@ -15,6 +15,7 @@ from coordinator.admission.intake import Intake
 from coordinator.admission.task_agreement import TaskAgreement
 from coordinator.fleet.agents import AgentRegistry
 from coordinator.fleet.enrollment import Enrollment
+from coordinator.fleet.notices import DuplicateWatch, NoticeLimiter
 from coordinator.fleet.privacy import FleetPrivacy
 from coordinator.policies import RoundPolicy, build_policy
 from coordinator.round.actions import Actions
@@ -61,6 +62,9 @@ class EngineParts:
     publisher: Publisher
     rejects: RejectLog
     intake: Intake
+    notices: NoticeLimiter
+    """Which refusals earn their agent a notice, and how often."""
+    duplicates: DuplicateWatch
 
     @classmethod
     def build(cls, settings: CoordinatorSettings, strategy: Strategy, metrics: CoordinatorMetrics, *,
@@ -83,7 +87,7 @@ class EngineParts:
             heterogeneity=HeterogeneityMetrics(metrics.registry, device_label=metrics.device_label),
             privacy=FleetPrivacy(metrics), retained=retained, actions=actions,
             publisher=Publisher(actions, metrics, topics, retained, signing_key, settings.max_message_bytes),
-            rejects=rejects,
+            rejects=rejects, notices=NoticeLimiter(settings.notice_interval_s), duplicates=DuplicateWatch(),
             intake=Intake(topics, metrics, trust, CompressionSpec.parse(settings.compression),
                           settings.max_update_bytes, task.card.num_classes, rejects),
         )

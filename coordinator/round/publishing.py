@@ -14,7 +14,7 @@ from coordinator.state.retained import RETAINED, RetainedStates
 from coordinator.strategies.base import FamilyState
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.compression import raw_bytes
-from protocol.messages import CoordinatorStatus
+from protocol.messages import CoordinatorStatus, Notice, TaskAnnouncement
 from protocol.security.signing import SigningKey
 from protocol.topics import Topics
 from protocol.transport.chunking import split_payload
@@ -63,6 +63,14 @@ class Publisher:
         if record is not None:  # after the clearing above: a crash before it still finds them recorded
             self.actions.add(Save(RETAINED, record))
         return sent
+
+    def task(self, announcement: TaskAnnouncement) -> None:
+        """The run's card, retained: what a late agent reads first."""
+        self.publish(self.topics.task, self.sealed(encode_message(announcement)), "task", retain=True)
+
+    def notice(self, notice: Notice) -> None:
+        """Not retained: a refusal is news for an agent online now; a later one earns a new notice."""
+        self.publish(self.topics.notices(notice.agent_id), self.sealed(encode_message(notice)), "notice", retain=False)
 
     def status(self, status: CoordinatorStatus) -> None:
         self.publish(self.topics.coordinator_status, self.sealed(encode_message(status)), "coordinator_status",

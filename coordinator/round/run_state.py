@@ -34,6 +34,8 @@ class RunState:
     """Asynchronous rounds: updates held for the next buffer (bounded by the engine)."""
     norm_gate: NormGate[tuple[Update, float]] = field(default_factory=lambda: NormGate(RoundNorms(0.0)))
     """The open round's deltas held until their family's median norm exists (reset when a round opens)."""
+    task_revision: int = -1
+    """``TaskAgreement.revision`` when the run's card was last published."""
     last_wait_log: float = -1e9
     gauges_refreshed: float = -1e9
 

@@ -33,6 +33,13 @@ class OpenRound:
     """Agents whose update claimed more samples than it may count for (counted for the cap)."""
     clipped_norms: list[str] = field(default_factory=list)
     """Agents whose delta was clipped to the round's median-based bound."""
+    partials: set[tuple[str, str]] = field(default_factory=set)
+    """(site, family) of every site's partial aggregate taken in (coordinator/round/sites.py)."""
+    settled: set[str] = field(default_factory=set)
+    """Agents a site reported as rejected or straggling: they cannot answer this round any more."""
+    site_stragglers: set[str] = field(default_factory=set)
+    sites: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per site: its agents accepted, rejected and straggling, and the update bytes it took in."""
 
     @property
     def number(self) -> int:
@@ -48,7 +55,9 @@ class OpenRound:
         return frozenset(self.announcement.selected)
 
     def enough_answered(self) -> bool:
-        return len(self.updates) >= min(self.wanted, len(self.selected))
+        answered = len(self.updates)
+        return answered >= min(self.wanted, len(self.selected)) or (
+            bool(self.settled) and answered + len(self.settled) >= len(self.selected))
 
     def quorum(self, fraction: float, minimum: int) -> int:
         """Updates needed to aggregate at the deadline: a fraction of those wanted, not of those selected."""
@@ -110,6 +119,8 @@ class RoundSummary:
     """Agents whose claimed sample count was cut to the bound (``Accept.samples``)."""
     clipped_norms: list[str] = field(default_factory=list)
     """Agents whose delta was clipped to ``max_norm_ratio`` x the round's median norm."""
+    sites: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per site aggregator that sent a partial: its agents accepted, rejected, straggling, and update bytes."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

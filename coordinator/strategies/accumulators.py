@@ -31,7 +31,9 @@ class FoldRule:
 FOLD_RULES: dict[str, FoldRule] = {
     "weights": FoldRule(by_samples=True, clipped=False),
     "delta": FoldRule(by_samples=True, clipped=True),
-    "control_delta": FoldRule(by_samples=False, clipped=False),
+    # SCAFFOLD's c averages the variates with the weights its delta uses: with uniform ones it is the
+    # gradient of another objective, whose optimum x then settles at (tests/unit/test_scaffold_reference.py).
+    "control_delta": FoldRule(by_samples=True, clipped=False),
 }
 
 
@@ -65,6 +67,16 @@ class RoundFolds:
         group.members.add(update.agent_id)
         self._layouts[update.agent_id] = dict(joint)
         return update.model_copy(update={name: {} for name in payload})
+
+    def add_folded(self, family: str, name: str, mean: RunningMean, members: set[str]) -> None:
+        """A mean folded elsewhere (a site's partial aggregate of ``members``) as a group of its own: ``mean``
+        combines it with the groups of the same layout, exactly as if its members had been folded here."""
+        assert mean.layout is not None
+        group = _Group({name: mean}, set(members))
+        joint = ((name, mean.layout), ("members", tuple(sorted(members))))  # never an update's own key
+        self._groups[(family, joint)] = group  # type: ignore[index]
+        for agent_id in members:
+            self._layouts[agent_id] = {name: mean.layout}
 
     def layout(self, update: Update, name: str) -> Layout | None:
         """The layout ``update`` had in payload field ``name`` when it was folded (None: it had none)."""

@@ -11,19 +11,18 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from coordinator.admission.decisions import Reject
-from coordinator.aggregation import AggregationError, FailureReason, coordinate_median
+from coordinator.aggregation import AggregationError, FailureReason
 from coordinator.aggregation.aggregator import AggregateFn, Aggregator
+from coordinator.aggregation.running_mean import RunningMean
 from coordinator.reasons import RejectReason
 from coordinator.strategies.accumulators import FOLD_RULES, RoundFolds, RoundRows
+from coordinator.strategies.bootstrap import agree
 from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.compression import half_precision
 from protocol.errors import ProtocolError
 from protocol.messages import Algorithm, GlobalState, Update
 
 StatePrecision = Literal["float32", "float16"]
-
-MEDIAN_PROPOSALS = 3
-"""Bootstrap proposals from which a first state under the mean is their median (of two, the median is the mean)."""
 
 
 @dataclass
@@ -90,8 +89,8 @@ class Strategy(ABC):
     Every combination of agents' payloads goes through ``self.aggregator``, so any strategy
     runs with any configured rule (mean, median, trimmed mean, Krum, Multi-Krum):
     ``self.aggregator(deltas, weights)`` for updates (clipped when clipping is configured),
-    ``self.aggregator.unclipped(values, weights)`` for absolute values such as bootstrap
-    weights or prototypes. A rule may raise ``AggregationError``; ``aggregate`` must then
+    ``self.aggregator.unclipped(values, weights)`` for absolute values such as
+    prototypes. A bootstrap's first state is combined by no rule: see ``first_state``. A rule may raise ``AggregationError``; ``aggregate`` must then
     leave ``states`` untouched (compute every family first, commit at the end), and the
     engine fails the round with the error's reason.
     """
@@ -99,6 +98,8 @@ class Strategy(ABC):
     algorithm: ClassVar[Algorithm]
     folds_payloads: ClassVar[bool] = True
     """Whether payloads may be folded into running means on receipt (see ``begin_round``)."""
+    bootstrap_fields: ClassVar[tuple[str, ...]] = ("weights",)
+    """What a bootstrap proposal is: the fields its agents must send byte for byte alike (see ``first_state``)."""
 
     def __init__(self, aggregator: Aggregator | AggregateFn, publish_states_as: StatePrecision = "float32") -> None:
         self.aggregator = Aggregator.of(aggregator)
@@ -107,7 +108,7 @@ class Strategy(ABC):
         self.folds: RoundFolds | None = None
         self.rows: RoundRows | None = None
         self.proposals: RoundRows | None = None
-        """Under the mean: bootstrap proposals (absolute weights), kept as rows for the median (see ``combine``)."""
+        """Under the mean: bootstrap proposals (absolute weights), kept whole as rows (see ``first_state``)."""
         self._proposed: set[str] = set()
         self.weights: dict[str, float] = {}
         """This round's weight multiplier per agent (1 unless a policy or the weighting set one)."""
@@ -133,7 +134,7 @@ class Strategy(ABC):
 
         ``weight`` multiplies its sample count in every by-samples mean (staleness, label skew)."""
         self.weights[update.agent_id] = weight
-        if self.proposals is not None and update.weights:  # a family's first state: see combine
+        if self.proposals is not None and update.weights:  # a family's first state: see first_state
             self._proposed.add(update.agent_id)
             return self.proposals.add(update)
         if self.folds is not None:
@@ -141,6 +142,14 @@ class Strategy(ABC):
         if self.rows is not None:
             return self.rows.add(update)
         return update
+
+    def accumulate_sums(self, family: str, mean: RunningMean, members: set[str]) -> bool:
+        """Take in deltas folded elsewhere (a site's partial aggregate of ``members``); False when this round
+        does not fold deltas into a mean (a robust rule, FedProto), which then cannot use them."""
+        if self.folds is None:
+            return False
+        self.folds.add_folded(family, "delta", mean, members)
+        return True
 
     def end_round(self) -> None:
         """Let the round's folded sums and stored rows go (a spill file is deleted)."""
@@ -151,14 +160,8 @@ class Strategy(ABC):
         self._proposed = set()
 
     def combine(self, group: Sequence[Update], payload: str) -> dict[str, np.ndarray]:
-        """The configured rule over field ``payload`` of ``group``, weighted and clipped as FOLD_RULES says.
-
-        A family's first state comes from no single device: under the mean, the bootstrap proposals'
-        weights are combined by their coordinate-wise median once three or more answered (a robust rule
-        is robust already), so one device's weights, however large, cannot choose it."""
+        """The configured rule over field ``payload`` of ``group``, weighted and clipped as FOLD_RULES says."""
         values = [getattr(u, payload) for u in group]
-        if payload == "weights" and not self.aggregator.needs_individual_updates and len(group) >= MEDIAN_PROPOSALS:
-            return coordinate_median(values, [1.0] * len(values))
         if self.folds is not None and not all(u.agent_id in self._proposed for u in group):
             return self.folds.mean(group, payload)
         rule = FOLD_RULES[payload]
@@ -167,6 +170,21 @@ class Strategy(ABC):
 
     def sample_weight(self, update: Update) -> float:
         return float(update.num_samples) * self.weights.get(update.agent_id, 1.0)
+
+    def first_state(self, family: str, group: Sequence[Update]) -> tuple[list[Update], list[Dropped]]:
+        """The bootstrap proposals of ``family`` that a strict majority of its proposing agents sent alike
+        (empty: none had one, the family stays without state), and the others, dropped.
+
+        No rule combines them: the state is the agreed proposal exactly (``bootstrap.py``), so one
+        device's weights, however large, never reach it. A minority layout is ``bad_shape`` as before;
+        its agents still count among those a majority is of."""
+        voters = len({u.agent_id for u in group})
+        dropped: list[Dropped] = []
+        for name in self.bootstrap_fields:
+            group, left_out = self.majority_layout(group, name)
+            dropped += left_out
+        agreement = agree(family, group, self.bootstrap_fields, voters)
+        return agreement.kept, dropped + [Dropped(*rejected) for rejected in agreement.rejected]
 
     def majority_layout(self, updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:
         """:func:`majority_by` the layout of field ``payload`` (as folded, when it was)."""

@@ -13,6 +13,7 @@ import numpy as np
 from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_aggregator
 from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family
+from coordinator.strategies.bootstrap import owned
 from protocol.messages import Update
 
 
@@ -45,10 +46,12 @@ class FedAvg(Strategy):
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)
             if state is None:
-                # Bootstrap: absolute weights, all trained from one seeded init; nothing to clip.
-                group, left_out = self.majority_layout(group, "weights")
+                # Bootstrap: the seeded initial weights a strict majority sent alike, exactly; else none yet.
+                group, left_out = self.first_state(family, group)
                 dropped += left_out
-                merged = self.combine(group, "weights")
+                if not group:
+                    continue
+                merged = owned(group[0].weights)
             else:
                 mean_delta = self.combine(group, "delta")
                 merged = apply_delta(state.weights, mean_delta, self.server_learning_rate)

@@ -4,17 +4,26 @@ Agents correct every local SGD step by ``c - c_i`` (server minus own control var
 return their weight delta ``dy_i`` and the change of their variate ``dc_i``. For each family:
 
     x <- x + lr_g * agg(dy_i)          sample-weighted, like FedAvg's delta
-    c <- c + (|S| / N) * agg(dc_i)     uniform weights
+    c <- c + (|S| / N) * agg(dc_i)     sample-weighted too
 
 ``c`` is meant to stay the mean of all ``N`` agents' variates, of which only the ``|S|``
 that answered changed: hence ``|S|/N`` times their mean change, ``N`` being the agents of the
 family known to the coordinator (never fewer than answered). Control variates cover the
 parameters only, named like them; buffers have no gradient to correct.
 
-In a family's bootstrap round there is no global state: agents start from the seeded
-initialisation and send weights (plus ``dc_i``); the new ``x`` is their mean, and ``c``
-starts from zero. Every mean goes through the configured aggregator, so robust aggregators
-apply to both the deltas and the control deltas.
+The paper weighs agents equally in both means (its objective is the agents' plain mean). Here
+``x`` follows the sample-weighted objective, as FedAvg's does, and ``c`` must estimate that
+objective's gradient: with the plain mean the corrected steps would all follow the plain-mean
+gradient, and ``x`` would settle at the optimum that weighs an agent of 40 samples like one of
+1,200 (at Dirichlet 0.1 on digits, one run: 93.3% against 96.7%). With equal counts the two agree.
+``|S|/N`` times the sample-weighted mean over S is then the ratio estimate of
+``sum_S (n_i / n) dc_i``, exact under full participation.
+
+In a family's bootstrap round there is no global state: agents send the seeded initial
+weights (plus ``dc_i``); the new ``x`` and ``c``'s step are the proposal a strict majority of
+them sent alike (``strategies/bootstrap.py``), ``c`` starting from zero. Every other mean goes
+through the configured aggregator, so robust aggregators apply to both the deltas and the
+control deltas.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_ag
 from coordinator.reasons import RejectReason
 from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.base import Dropped, FamilyState, Strategy, group_by_family, layout_problem
+from coordinator.strategies.bootstrap import owned
 from coordinator.strategies.fedavg import apply_delta
 from protocol.messages import Update
 
@@ -48,6 +58,7 @@ def check_control_names(control: Mapping[str, np.ndarray], weights: Mapping[str,
 
 class Scaffold(Strategy):
     algorithm = "scaffold"
+    bootstrap_fields = ("weights", "control_delta")
 
     def __init__(self, aggregator: Aggregator | AggregateFn, server_learning_rate: float = 1.0) -> None:
         super().__init__(aggregator)
@@ -74,15 +85,15 @@ class Scaffold(Strategy):
         fresh: dict[str, FamilyState] = {}
         for family, group in group_by_family(updates).items():
             state = self.states.get(family)
-            if state is None:
-                group, left_out = self.majority_layout(group, "weights")
+            if state is None:  # the proposal (weights and control delta) a strict majority sent alike
+                group, left_out = self.first_state(family, group)
                 dropped += left_out
-                group, left_out = self.majority_layout(group, "control_delta")
-                dropped += left_out
-                weights = self.combine(group, "weights")
+                if not group:
+                    continue
+                weights, mean_control_delta = owned(group[0].weights), owned(group[0].control_delta)
             else:
                 weights = apply_delta(state.weights, self.combine(group, "delta"), self.server_learning_rate)
-            mean_control_delta = self.combine(group, "control_delta")
+                mean_control_delta = self.combine(group, "control_delta")
             control = state.control if state is not None else {n: np.zeros_like(a) for n, a in mean_control_delta.items()}
             known = max((population or {}).get(family, 0), len(group))
             control = apply_delta(control, mean_control_delta, len(group) / known)

@@ -10,7 +10,9 @@ and derives:
   every class has ``q_c > 0`` and the KL below is finite even for a class no agent holds;
 * each agent's KL divergence to it, ``KL(p || q) = sum_c p_c ln(p_c / q_c)`` in nats, with
   ``p = counts / n`` unsmoothed (classes with ``p_c = 0`` contribute 0);
-* with ``--weighting kl``, the factor ``exp(-KL / T)`` by which its sample-count weight shrinks;
+* with ``--weighting kl``, the factor ``exp(-KL / T)`` by which its sample-count weight shrinks,
+  topped up so that no class weighs less than sample weighting gives it (``rare_classes``:
+  the holders of a class KL weighting starves are lifted, at most to the mean factor);
 * a summary for the metrics: mean KL per device class, the label-skew index and the coefficient
   of variation of sample counts (see ``HeterogeneitySummary``).
 
@@ -21,27 +23,42 @@ the chance of drawing the agent's histogram from the federation's distribution v
 ``n`` samples (Sanov), so ``T`` reads as "how many nats of surprise cost one factor of e": at
 ``T = 1`` an agent at KL 1 counts e^-1 = 0.37 of its samples, one at KL 2 counts 0.14; ``T``
 large approaches plain sample weighting. The aggregator renormalises the products
-``n_k * exp(-KL_k / T)``, so only the factors' ratios matter.
+``n_k * exp(-KL_k / T)``, so only the factors' ratios matter. Without the top-up it erased a class
+on Dirichlet(0.1): two one-class agents held digit 2, and shrinking them shrank the class (issue 26).
 
 Cost and memory: one histogram per known agent (the caller forgets agents that leave; the
 coordinator's registry bounds how many there are). A status replaces the agent's histogram in
 O(C): a running sum of counts is kept, the old histogram subtracted and the new one added (exact,
 in int64: each agent's total is bounded by ``MAX_AGENT_SAMPLES``). ``kl`` and ``weight_factor``
-are O(C) (``q`` and its logarithm are recomputed once after a change); ``summary`` is O(agents x C),
-in chunks of bounded memory, meant to run once per round, not per status.
+are O(C) (``q``, its logarithm and the rare-class top-ups are recomputed once after a change of
+counts: O(agents x C), and a status that repeats the agent's histogram changes nothing); ``summary``
+and ``weighting_summary`` are O(agents x C), in chunks of bounded memory, meant to run once per round.
 
-Pure numpy: no torch, no prometheus outside ``HeterogeneityMetrics``.
+Pure numpy: no torch, no prometheus (the gauges, ``HeterogeneityMetrics``, are in ``heterogeneity_metrics``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
-from prometheus_client import CollectorRegistry, Gauge
 
+from coordinator.telemetry.heterogeneity_metrics import (  # the gauges, and the summaries they show
+    MAX_DEVICE_LABELS,
+    HeterogeneityMetrics,
+    HeterogeneitySummary,
+    WeightingSummary,
+)
+from coordinator.telemetry.rare_classes import (
+    CLASS_PROTECTION,
+    Chunk,
+    Protection,
+    check_protection,
+    mass_ratios,
+    protect,
+)
 from protocol.messages import MAX_CLASSES, AgentStatus
 
 SMOOTHING = 1.0
@@ -62,27 +79,6 @@ class _Agent:
     """int64 [C], read-only; None when it sent none (DP, regression, older agent)."""
 
 
-@dataclass(frozen=True)
-class HeterogeneitySummary:
-    agents: int
-    """Agents known (observed and not forgotten)."""
-    labelled: int
-    """Of them, agents with a histogram of at least one sample: the ones KL and skew are about."""
-    kl_by_device: dict[str, float] = field(default_factory=dict)
-    """Mean KL(agent || federation) per device class, over its labelled agents."""
-    labelled_by_device: dict[str, int] = field(default_factory=dict)
-    """Labelled agents per device class (the weights to fold device classes' means together)."""
-    kl_max: float | None = None
-    """Largest KL of any labelled agent (None: none)."""
-    skew_index: float | None = None
-    """Label-skew index: the mean over classes c of the population variance, across labelled agents,
-    of their label proportions p_{a,c} = counts_{a,c} / n_a (unsmoothed). 0 when every agent has the
-    same distribution; None without labelled agents."""
-    sample_count_cv: float | None = None
-    """Coefficient of variation of sample counts: population std / mean of ``num_samples`` over all
-    known agents, labelled or not (None without agents or when every count is 0)."""
-
-
 class LabelSkew:
     """Each known agent's latest label histogram, and the federation's label distribution.
 
@@ -91,13 +87,19 @@ class LabelSkew:
     ValueError and leaves everything as it was (the caller counts the rejection).
     """
 
-    def __init__(self, num_classes: int | None = None, smoothing: float = SMOOTHING) -> None:
+    def __init__(self, num_classes: int | None = None, smoothing: float = SMOOTHING,
+                 protection: float = CLASS_PROTECTION) -> None:
         if num_classes is not None and not 1 <= num_classes <= MAX_CLASSES:
             raise ValueError(f"num_classes must lie in [1, {MAX_CLASSES}], got {num_classes}")
         if not (smoothing > 0 and math.isfinite(smoothing)):
             raise ValueError(f"smoothing must be positive (it keeps KL finite), got {smoothing}")
+        check_protection(protection)
         self._fixed_classes = num_classes
         self.smoothing = smoothing
+        self.protection = protection
+        """Rare-class floor of the KL factor (``rare_classes``): 1 keeps a sole holder's weight, 0 is plain KL."""
+        self._protections: dict[float, Protection] = {}
+        """The rare-class top-ups per temperature, cleared on every change of counts or sample counts."""
         self._agents: dict[str, _Agent] = {}
         self._total: np.ndarray | None = None if num_classes is None else np.zeros(num_classes, np.int64)
         """Running sum of every known histogram (int64 [C]); None until the label space is known."""
@@ -136,6 +138,11 @@ class LabelSkew:
             raise ValueError(f"{agent_id}: negative num_samples {num_samples}")
         counts = None if label_counts is None else self._checked(agent_id, label_counts, num_samples)
         previous = self._agents.get(agent_id)
+        if previous is not None and previous.num_samples == num_samples and (
+                counts is None if previous.counts is None else counts is not None and np.array_equal(previous.counts, counts)):
+            previous.device = device  # a repeated status: every cache stays valid
+            return
+        self._protections.clear()
         if previous is not None and previous.counts is not None:
             self._remove_counts(previous.counts)
         if counts is not None:
@@ -148,6 +155,8 @@ class LabelSkew:
 
     def forget(self, agent_id: str) -> None:
         previous = self._agents.pop(agent_id, None)
+        if previous is not None:
+            self._protections.clear()
         if previous is not None and previous.counts is not None:
             self._remove_counts(previous.counts)
 
@@ -226,13 +235,63 @@ class LabelSkew:
         return _kl_rows(p[None, :], log_q)[0]
 
     def weight_factor(self, agent_id: str, temperature: float) -> float:
-        """exp(-KL / temperature) in (0, 1]; 1.0 for an agent without a histogram (under DP, or unknown)."""
+        """exp(-KL / temperature), topped up where it starves a class the agent holds (``rare_classes``), in (0, 1];
+        1.0 for an agent without a histogram (under DP, or unknown)."""
         _check_temperature(temperature)
         kl = self.kl(agent_id)
-        return 1.0 if kl is None else math.exp(-kl / temperature)
+        if kl is None:
+            return 1.0
+        factor = math.exp(-kl / temperature)
+        if self.protection == 0:
+            return factor
+        counts = self._agents[agent_id].counts
+        assert counts is not None
+        return float(self._protection(temperature).factors(np.array([factor]), counts[None, :])[0])
 
     def weight_factors(self, agent_ids: Iterable[str], temperature: float) -> dict[str, float]:
         return {agent_id: self.weight_factor(agent_id, temperature) for agent_id in agent_ids}
+
+    def _protection(self, temperature: float) -> Protection:
+        cached = self._protections.get(temperature)
+        if cached is None:
+            assert self._total is not None
+            unlabelled = sum(a.num_samples for a in self._agents.values() if a.counts is None)
+            cached = protect(lambda: self._chunks(temperature), self._total, unlabelled, self.protection)
+            if len(self._protections) >= 8:  # one temperature per run; bound it all the same
+                self._protections.clear()
+            self._protections[temperature] = cached
+        return cached
+
+    def _chunks(self, temperature: float) -> Iterator[Chunk]:
+        """(samples, exp(-KL / T), counts) of the labelled agents, in chunks of bounded memory."""
+        labelled = [a for a in self._agents.values() if a.counts is not None and a.num_samples > 0]
+        log_q = self._federation_log()
+        if not labelled or log_q is None:
+            return
+        rows = max(1, _CHUNK_ELEMENTS // len(log_q))
+        for start in range(0, len(labelled), rows):
+            part = labelled[start:start + rows]
+            counts = np.stack([a.counts for a in part]).astype(np.float64)  # type: ignore[misc]
+            samples = np.array([a.num_samples for a in part], dtype=np.float64)
+            yield samples, np.exp(-_kl_rows(counts / samples[:, None], log_q) / temperature), counts
+
+    def weighting_summary(self, temperature: float) -> WeightingSummary:
+        """The smallest factor and the class losing most weight under KL weighting; O(agents x classes)."""
+        _check_temperature(temperature)
+        if self._total is None:
+            return WeightingSummary(1.0, None, None)
+        protection = self._protection(temperature)
+        factor_min = 1.0
+        weighted = np.zeros(len(self._total))
+        for _, plain, counts in self._chunks(temperature):
+            factors = protection.factors(plain, counts) if self.protection > 0 else plain
+            factor_min = min(factor_min, float(factors.min()))
+            weighted += factors @ counts
+        ratios = mass_ratios(weighted, self._total)
+        if np.isnan(ratios).all():
+            return WeightingSummary(factor_min, None, None)
+        worst = int(np.nanargmin(ratios))
+        return WeightingSummary(factor_min, float(ratios[worst]), worst)
 
     # -- summary --------------------------------------------------------------------------
     def summary(self) -> HeterogeneitySummary:
@@ -284,84 +343,5 @@ def _check_temperature(temperature: float) -> None:
         raise ValueError(f"temperature must be positive and finite, got {temperature}")
 
 
-MAX_DEVICE_LABELS = 16
-"""Distinct device-class label values the heterogeneity gauges take by default; later ones fold into ``other``."""
-
-
-class HeterogeneityMetrics:
-    """Prometheus gauges of the federation's label heterogeneity, on an injectable registry.
-
-    * ``fl_label_kl_divergence{device}``: mean KL(agent || federation) of the device class's agents
-      with a label histogram (a class with none has no series);
-    * ``fl_label_skew_index``: mean over classes of the variance across agents of their label proportions;
-    * ``fl_sample_count_cv``: std / mean of agents' training sample counts;
-    * ``fl_weighting_factor_min``: the smallest current ``exp(-KL / T)`` factor; registered on the first
-      ``update`` that gives a temperature, i.e. only when kl weighting is on.
-
-    Device values come from agents, so they are bounded: ``device_label`` maps each to a label (pass
-    ``CoordinatorMetrics.device_label`` to share its folding); by default the first
-    ``MAX_DEVICE_LABELS`` distinct values keep their name and later ones fold into ``other``.
-    """
-
-    def __init__(self, registry: CollectorRegistry | None = None, *,
-                 device_label: Callable[[str], str] | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.kl = Gauge("fl_label_kl_divergence",
-                        "Mean KL divergence (nats) of agents' label distributions to the federation's, by device class",
-                        ["device"], registry=r)
-        self.skew = Gauge("fl_label_skew_index",
-                          "Label-skew index: mean over classes of the variance across agents of their label proportions",
-                          registry=r)
-        self.sample_cv = Gauge("fl_sample_count_cv",
-                               "Coefficient of variation (std / mean) of agents' training sample counts", registry=r)
-        self.factor_min: Gauge | None = None
-        self._device_label = device_label or self._first_come_label
-        self._devices: set[str] = set()
-        self._exported: set[str] = set()
-
-    def _first_come_label(self, device: str) -> str:
-        if device in self._devices:
-            return device
-        if len(self._devices) < MAX_DEVICE_LABELS:
-            self._devices.add(device)
-            return device
-        return "other"
-
-    def update(self, skew: LabelSkew, temperature: float | None = None,
-               summary: HeterogeneitySummary | None = None) -> HeterogeneitySummary:
-        """Set every gauge from ``skew`` (or from its ``summary``, when the caller already computed it).
-
-        ``temperature``: the kl weighting's, when it is on; None leaves ``fl_weighting_factor_min`` out.
-        """
-        summary = summary or skew.summary()
-        self.update_from(summary, temperature)
-        return summary
-
-    def update_from(self, summary: HeterogeneitySummary, temperature: float | None = None) -> None:
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for device, mean in summary.kl_by_device.items():
-            label = self._device_label(device)
-            count = summary.labelled_by_device.get(device, 1)
-            sums[label] = sums.get(label, 0.0) + mean * count
-            counts[label] = counts.get(label, 0) + count
-        for label in sums:
-            self.kl.labels(label).set(sums[label] / counts[label])
-        for stale in self._exported - sums.keys():  # a device class whose last labelled agent left
-            self.kl.remove(stale)
-        self._exported = set(sums)
-        self.skew.set(_or_nan(summary.skew_index))
-        self.sample_cv.set(_or_nan(summary.sample_count_cv))
-        if temperature is not None:
-            _check_temperature(temperature)
-            if self.factor_min is None:
-                self.factor_min = Gauge("fl_weighting_factor_min",
-                                        "Smallest current kl-weighting factor exp(-KL / temperature) of any agent",
-                                        registry=self.registry)
-            self.factor_min.set(1.0 if summary.kl_max is None else math.exp(-summary.kl_max / temperature))
-
-
-def _or_nan(value: float | None) -> float:
-    return math.nan if value is None else value
-
+__all__ = ["MAX_AGENT_SAMPLES", "MAX_DEVICE_LABELS", "HeterogeneityMetrics", "HeterogeneitySummary", "LabelSkew",
+           "WeightingSummary"]

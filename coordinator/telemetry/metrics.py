@@ -90,6 +90,11 @@ class CoordinatorMetrics:
             "samples than claimed) or norm (delta scaled to max_norm_ratio x the round's median)", ["what"], registry=r)
         for what in ("claim", "norm"):
             self.updates_clipped.labels(what)
+        self.notices_sent = Counter("fl_notices_sent_total", "Refusal notices sent to agents (rate-limited per agent "
+                                    "and reason), by reason", ["reason"], registry=r)
+        self.duplicate_agent_ids = Counter(
+            "fl_duplicate_agent_ids_total", "Statuses showing a second live process under an agent id already "
+            "in use (two devices configured with one id)", registry=r)
         self.rejected = Counter("fl_messages_rejected_total", "Inbound messages dropped, by kind and reason",
                                 ["kind", "reason"], registry=r)
         self.bytes_received = Counter("fl_received_bytes_total", "Payload bytes received, by message kind",

@@ -1,8 +1,8 @@
 """Byzantine behaviours an agent can be told to adopt. FOR TESTS AND BENCHMARKS ONLY.
 
 Each attack may poison the training labels and then forges the model update from the
-honest one. Updates are handled as deltas: in a bootstrap round, where the agent sends
-weights, the delta is taken from the seeded initialisation and added back afterwards.
+honest one. Updates are handled as deltas; in a bootstrap round, where an honest agent sends
+the untrained seeded initialisation, the attack forges those weights themselves.
 Integer arrays pass through untouched.
 """
 
@@ -176,16 +176,16 @@ class LittleIsEnough(Attack):
 
 def forge_payload(attack: Attack, payload: dict[str, object], init: Mapping[str, np.ndarray] | None,
                   context: AttackContext) -> dict[str, object]:
-    """Apply ``attack`` to an update's payload: ``delta``, or ``weights`` as a delta from ``init``."""
+    """Apply ``attack`` to an update's payload: ``delta``, or a bootstrap proposal's ``weights`` themselves.
+
+    A bootstrap proposal is the untrained initial model (``init``): there is no delta to forge, so the
+    attack forges the absolute weights, as a device trying to choose the family's first state would
+    (noise 1,000x their RMS, weights scaled or flipped 9x)."""
     out = dict(payload)
     if payload.get("delta"):
         out["delta"] = attack.forge(payload["delta"], context)  # type: ignore[arg-type]
     elif payload.get("weights"):
-        if init is None:
-            raise ValueError("an attack on bootstrap weights needs the initial weights")
         weights: Mapping[str, np.ndarray] = payload["weights"]  # type: ignore[assignment]
-        delta = {k: (w - init[k] if w.dtype.kind == "f" else w) for k, w in weights.items()}
-        forged = attack.forge(delta, context)
-        out["weights"] = {k: ((init[k] + forged[k]).astype(w.dtype) if w.dtype.kind == "f" else w)
-                          for k, w in weights.items()}
+        forged = attack.forge(dict(weights), context)
+        out["weights"] = {k: (forged[k].astype(w.dtype) if w.dtype.kind == "f" else w) for k, w in weights.items()}
     return out

@@ -28,11 +28,13 @@ class LocalData:
 
 def build_local_data(task: Task, data: str | None = None, *, eval_data: str | None = None, partition: str = "none",
                      num_partitions: int = 1, partition_index: int = 0, alpha: float = 0.5, min_size: int = 10,
-                     classes_per_client: int = 2, data_seed: int = 0, eval_fraction: float = 0.15) -> LocalData:
+                     classes_per_client: int = 2, samples_per_class: int | None = None, data_seed: int = 0,
+                     eval_fraction: float = 0.15) -> LocalData:
     """Load ``data`` with ``task``'s loader, take this agent's partition, and find its held-out split.
 
     With ``partition="none"`` all of it is the agent's (a real device with its own data); otherwise
-    every agent computes the same seeded partition of the pool and keeps its index (simulation).
+    every agent computes the same seeded partition of the pool and keeps its index (simulation);
+    ``samples_per_class`` caps its samples of each class (a few-shot fleet).
     The held-out split is ``eval_data`` when given, else ``eval_fraction`` of the agent's samples.
     """
     from edge_agent.tasks.base import DataContext
@@ -49,7 +51,7 @@ def build_local_data(task: Task, data: str | None = None, *, eval_data: str | No
             raise ValueError(f"partition {partition!r} skews labels: task {task.card.ref} has none (use iid)")
         labels = pool.y if pool.num_classes else np.zeros(len(pool), dtype=np.int64)  # iid needs only the count
         parts = make_partition(partition, labels, num_partitions, data_seed, alpha=alpha, min_size=min_size,
-                               classes_per_client=classes_per_client)
+                               classes_per_client=classes_per_client, samples_per_class=samples_per_class)
         if pool.num_classes:
             rows = summarize(pool.y, parts, pool.num_classes)
             log.info("label skew of the %s partition (%d clients):\n%s", partition, num_partitions, format_summary(rows))

@@ -1,7 +1,8 @@
 """Seeded partitioners that simulate a fleet's label skew, and a summary of the skew.
 
 All are pure functions of (labels, arguments, seed): the same inputs always give the same
-partition, and every sample goes to exactly one client.
+partition, and every sample goes to exactly one client (at most one, once ``cap_per_class``
+limits each client's samples of a class: a few-shot fleet).
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def partition_classes(labels: np.ndarray, num_clients: int, classes_per_client: 
     return [np.sort(np.concatenate(p)) if p else np.array([], dtype=np.int64) for p in parts]
 
 
+def cap_per_class(labels: np.ndarray, parts: list[np.ndarray], samples_per_class: int, seed: int) -> list[np.ndarray]:
+    """Each part keeps at most ``samples_per_class`` of each of its classes, a seeded choice; the rest
+    are left out (no part gets them), so a part's class mix stays that of its partition."""
+    if samples_per_class < 1:
+        raise ValueError("samples_per_class must be at least 1")
+    rng = np.random.default_rng([seed, samples_per_class])
+    capped = []
+    for part in parts:
+        kept = [rng.permutation(part[labels[part] == c])[:samples_per_class] for c in np.unique(labels[part])]
+        capped.append(np.sort(np.concatenate(kept)) if kept else part)
+    return capped
+
+
 def _check_clients(labels: np.ndarray, num_clients: int) -> None:
     if num_clients < 1:
         raise ValueError("num_clients must be at least 1")
@@ -112,11 +126,16 @@ def format_summary(rows: list[ClientSummary]) -> str:
 
 
 def make_partition(kind: str, labels: np.ndarray, num_clients: int, seed: int, *, alpha: float = 0.5,
-                   min_size: int = 10, classes_per_client: int = 2) -> list[np.ndarray]:
+                   min_size: int = 10, classes_per_client: int = 2,
+                   samples_per_class: int | None = None) -> list[np.ndarray]:
+    """``kind``'s partition; with ``samples_per_class``, each client then keeps at most that many
+    samples of each class it holds (``cap_per_class``)."""
     if kind == "iid":
-        return partition_iid(labels, num_clients, seed)
-    if kind == "dirichlet":
-        return partition_dirichlet(labels, num_clients, alpha, seed, min_size=min_size)
-    if kind == "classes":
-        return partition_classes(labels, num_clients, classes_per_client, seed)
-    raise ValueError(f"unknown partition {kind!r}; known: iid, dirichlet, classes")
+        parts = partition_iid(labels, num_clients, seed)
+    elif kind == "dirichlet":
+        parts = partition_dirichlet(labels, num_clients, alpha, seed, min_size=min_size)
+    elif kind == "classes":
+        parts = partition_classes(labels, num_clients, classes_per_client, seed)
+    else:
+        raise ValueError(f"unknown partition {kind!r}; known: iid, dirichlet, classes")
+    return parts if samples_per_class is None else cap_per_class(labels, parts, samples_per_class, seed)

@@ -10,12 +10,19 @@ from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
 from edge_agent.tasks.base import Task
 from edge_agent.weights import layout_of_model
-from protocol.tasks import layout_fingerprint
+from protocol.tasks import FamilyLayout, TaskCard, layout_fingerprint
 
 
 def model_fingerprint(model: FedModel) -> str:
     """The layout fingerprint agents announce and compare (names, shapes, dtypes of the state)."""
     return layout_fingerprint(layout_of_model(model))
+
+
+def full_card(task: Task) -> TaskCard:
+    """``task``'s card with every family's layout (arrays and fingerprint), computed from its models: the card an
+    operator hands to ``coordinator run --task card.json`` so that no agent's hello decides a layout."""
+    layouts = {family: FamilyLayout.of(layout_of_model(task.build_model(family, seed=0))) for family in task.card.families}
+    return task.card.model_copy(update={"layouts": layouts})
 
 
 @torch.no_grad()

@@ -49,6 +49,8 @@ MessageHandler = Callable[[str, bytes, bool], None]
 SESSION_NEVER_EXPIRES = 0xFFFFFFFF
 """MQTT 5 session expiry interval meaning "never" (what clean_session false gives in 3.1.1)."""
 UNSUPPORTED_PROTOCOL_VERSION = 0x84
+SESSION_TAKEN_OVER = 0x8E
+"""MQTT 5 DISCONNECT reason: another connection with the same client id replaced this one."""
 """CONNACK of a broker that does not speak the version asked for (paho maps 3.1.1's code 1 to it)."""
 BLIND_311 = ("a publish the broker refuses (an ACL denial) is acknowledged like any other there, so this client "
              "cannot see it (only the broker's log shows it)")
@@ -130,6 +132,8 @@ class MqttLink:
         self.backoff = backoff or Backoff()
         self.connects = 0
         """Successful connects so far; ``reconnects`` is this minus the first."""
+        self.taken_over = 0
+        """Times the broker closed this connection because another one used its client id (MQTT 5 only)."""
         self.version: Literal["5", "3.1.1"] = "3.1.1" if address.mqtt_version == "3.1.1" else "5"
         """The MQTT version spoken now: 3.1.1 when configured, or once a broker refused 5 (auto)."""
         self.acks = AckTracker(on_denied, who=f"{client_id} on {address}")
@@ -342,6 +346,12 @@ class MqttLink:
         if flags.is_disconnect_packet_from_server and reason_code.is_failure:  # MQTT 5 says why
             log.warning("broker %s closed the connection of %s: %s (0x%02X)", self.address, self.client_id,
                         reason_code, reason_code.value)
+            if reason_code.value == SESSION_TAKEN_OVER:
+                self.taken_over += 1
+                if self.taken_over == 1:
+                    log.error("another client connected to %s with client id %s and took this one's session over: "
+                              "is a second process running under the same id? (each takeover is counted)",
+                              self.address, self.client_id)
         self._connected.clear()
         if self._on_disconnected is not None:
             self._on_disconnected()

@@ -22,6 +22,8 @@ def test_async_bench_quick_prints_the_policies_and_the_weighting() -> None:
     versions = {name: int(count) for name, count, *_ in rows}
     assert versions["sync FedAvg"] == 2 and versions["FedBuff"] >= 2  # FedBuff runs three times the versions
     verdicts = re.findall(r"^(PASS|MISS)  (.+)$", out, re.MULTILINE)
-    assert [text.split(" ")[0] for _, text in verdicts] == ["FedBuff", "final"]
-    weighting = re.findall(r"^(samples|kl \(T=1\))\s+(\d+\.\d+)%\s+(\d\.\d+)", out, re.MULTILINE)
-    assert [name for name, *_ in weighting] == ["samples", "kl (T=1)"], out
+    assert [text.split(" ")[0] for _, text in verdicts] == ["FedBuff", "final", "kl", "kl", "kl"]
+    assert "kl worst-class accuracy >= sample weighting's" in out and "kl erases no class" in out
+    weighting = re.findall(r"^(samples|kl \(T=1\))\s+(\d+\.\d+)%\s+(\d\.\d+)\s+(\d+\.\d+)% \(#\d\)", out,
+                           re.MULTILINE)
+    assert [name for name, *_ in weighting] == ["samples", "kl (T=1)"], out  # with each row's worst class

@@ -6,7 +6,12 @@ all enrolled), the default settings (the weighted mean), digits:
 - ``steer``: claims 1,000,000 samples, sends its label-flipped delta boosted 9x, and reports an
   accuracy of 0.99 on 1,000,000 samples in the evaluation round;
 - ``flip``: its true sample count, but minus 9x its delta every round;
-- ``noise``: Gaussian noise 1,000x the scale of an honest delta, from the bootstrap round on.
+- ``noise``: Gaussian noise 1,000x the scale of an honest delta, from the bootstrap round on (there: 1,000x the
+  RMS of the initial weights, the issue's bootstrap poisoning).
+
+In the bootstrap round honest agents propose the untrained seeded model, byte for byte alike, and the
+coordinator takes what a strict majority sent: each attacker's bootstrap proposal is counted as
+``bootstrap_disagrees`` in rounds.jsonl (``rejected`` of round 1), never averaged in.
 
 Each run is compared with a clean run of the same fleet: every round completes, the honest agents'
 accuracy on their held-out data stays near the clean run's, and the coordinator's reported accuracy
@@ -58,6 +63,8 @@ class Outcome:
     reported_median: float
     clipped_claims: int
     clipped_norms: int
+    bootstrap_rejected: int
+    """Round 1's rejected count in rounds.jsonl: the proposals outvoted by the majority."""
 
 
 def run(tmp_path: Path, name: str) -> Outcome:
@@ -81,6 +88,7 @@ def run(tmp_path: Path, name: str) -> Outcome:
         reported_accuracy=evaluation["accuracy"], reported_median=evaluation["accuracy_median"],
         clipped_claims=sum(len(r.get("clipped_claims", [])) for r in rounds),
         clipped_norms=sum(len(r.get("clipped_norms", [])) for r in rounds),
+        bootstrap_rejected=rounds[0]["rejected"],
     )
 
 
@@ -90,10 +98,14 @@ def test_one_enrolled_attacker_among_four(tmp_path: Path) -> None:
     for name, outcome in results.items():
         print(f"{name:6} honest {outcome.honest_accuracy:.3f}  reported {outcome.reported_accuracy:.3f} "
               f"(median {outcome.reported_median:.3f})  clipped claims {outcome.clipped_claims}, "
-              f"norms {outcome.clipped_norms}  rounds {outcome.outcomes}")
+              f"norms {outcome.clipped_norms}  bootstrap rejected {outcome.bootstrap_rejected}  "
+              f"rounds {outcome.outcomes}")
     for name, outcome in results.items():
         assert_all_completed([{"outcome": o} for o in outcome.outcomes], ROUNDS + 1)
         assert outcome.honest_accuracy >= clean.honest_accuracy - MARGIN, (name, outcome, clean)
         assert abs(outcome.reported_accuracy - outcome.honest_accuracy) <= REPORT_MARGIN, (name, outcome)
+    assert results["clean"].bootstrap_rejected == 0
+    for name in ("steer", "flip", "noise"):  # every attacker's first-state proposal was outvoted and counted
+        assert results[name].bootstrap_rejected == 1, (name, results[name])
     assert results["steer"].clipped_claims >= ROUNDS  # its claim was cut every training round
     assert results["flip"].clipped_norms >= ROUNDS - 1 and results["noise"].clipped_norms >= ROUNDS - 1

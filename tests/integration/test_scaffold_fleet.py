@@ -1,7 +1,7 @@
 """SCAFFOLD over a real broker with agents as processes: what crosses the wire adds up.
 
-The server variate each round must equal the previous one plus |S|/N times the mean of the
-control deltas the agents published (N: the 4 agents the coordinator knows, |S|: the 2 it
+The server variate each round must equal the previous one plus |S|/N times the sample-weighted
+mean of the control deltas the agents published (N: the 4 agents the coordinator knows, |S|: the 2 it
 selected), recomputed here from the recorded updates alone.
 """
 
@@ -60,7 +60,8 @@ def test_scaffold_fleet_updates_the_server_variate_from_what_agents_sent(
         if control is None:
             control = {name: np.zeros_like(a) for name, a in new.items()}
         for name, value in new.items():
-            mean = np.mean([u.control_delta[name].astype(np.float64) for u in sent], axis=0)
+            mean = np.average([u.control_delta[name].astype(np.float64) for u in sent], axis=0,
+                              weights=[u.num_samples for u in sent])  # weighted like the deltas
             np.testing.assert_allclose(value, control[name] + 2 / 4 * mean, rtol=1e-4, atol=1e-6)
         if number > 1:  # the global step: x + 0.8 * sample-weighted mean delta
             previous, weights = states[number].weights, np.array([u.num_samples for u in sent], np.float64)

@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "service_kit", "coordinator", "edge_agent", "launcher")
 
 FLOORS = {
-    "app": 6,
+    "app": 7,
+    "sites": 6,
     "round": 5,
     "strategies": 4, "policies": 4,
     "admission": 3,

@@ -69,14 +69,16 @@ def local_round(algorithm: str, agent: int, round_number: int, strategy: Strateg
     client.check_plan(plan)
     client.begin(model, message)  # type: ignore[arg-type]
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-    for _ in range(STEPS):
+    steps = STEPS if message is not None else 0  # a bootstrap proposal is the seeded model, untrained (as the worker sends it)
+    loss = ((model(x) - y) ** 2).mean()
+    for _ in range(steps):
         loss = ((model(x) - y) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()
         client.after_backward(model)  # type: ignore[arg-type]
         optimizer.step()
-    model.steps_seen += STEPS
-    result = TrainResult(loss=loss.item(), accuracy=0.0, steps=STEPS, duration_s=0.0)
+    model.steps_seen += steps
+    result = TrainResult(loss=loss.item(), accuracy=0.0, steps=steps, duration_s=0.0)
     payload = client.payload(model, None, result, plan)  # type: ignore[arg-type]  # the data is not needed
     client.commit()
     return Update(run_id=RUN, agent_id=f"agent-{agent}", round=round_number, task="train", task_ref=DIGITS, family=FAMILY,

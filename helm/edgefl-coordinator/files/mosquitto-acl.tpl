@@ -14,18 +14,23 @@
 # (each with its coordinator's user line); the Helm chart fills in its own federation.
 
 # The coordinator: reads agents' status and updates; writes its status (and last will),
-# round announcements and global states.
+# the run's task card, round announcements, global states and refusal notices.
 user {{ .Values.broker.username }}
 topic read fl/{{ .Values.federation }}/agents/+/status
 topic read fl/{{ .Values.federation }}/updates/#
 topic write fl/{{ .Values.federation }}/coordinator/status
 topic write fl/{{ .Values.federation }}/rounds/current
+topic write fl/{{ .Values.federation }}/task
+topic write fl/{{ .Values.federation }}/notices/#
 topic write fl/{{ .Values.federation }}/global/#
 
 # Everyone, agents included: its own status (and last will) and its own updates; reading
-# what the coordinator publishes. Nothing else: no agent sees another agent's update.
+# what the coordinator publishes, and the notices addressed to itself. Nothing else: no agent
+# sees another agent's update or notices.
 pattern write fl/{{ .Values.federation }}/agents/%c/#
 pattern write fl/{{ .Values.federation }}/updates/%c/#
 pattern read fl/{{ .Values.federation }}/coordinator/status
 pattern read fl/{{ .Values.federation }}/rounds/current
+pattern read fl/{{ .Values.federation }}/task
+pattern read fl/{{ .Values.federation }}/notices/%c
 pattern read fl/{{ .Values.federation }}/global/#

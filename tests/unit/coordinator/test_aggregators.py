@@ -187,13 +187,12 @@ def test_fedavg_bootstraps_and_steps_with_any_aggregator(name: str) -> None:
     aggregator = AGGREGATORS[name]
     rng = np.random.default_rng(3)
     strategy = FedAvg(aggregator, server_learning_rate=0.5)
-    weights = [{"w": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(5)]
+    initial = {"w": rng.standard_normal((2, 3)).astype(np.float32)}
     samples = [10, 20, 30, 40, 50]
-    strategy.aggregate(0, [make_update(f"a{i}", 0, s, weights=w) for i, (w, s) in enumerate(zip(weights, samples, strict=True))])
+    strategy.aggregate(0, [make_update(f"a{i}", 0, s, weights=initial) for i, s in enumerate(samples)])
     start = strategy.states["cnn"]
-    # Under the mean, a first state from three or more proposals is their median: no single device chooses it.
-    first = coordinate_median if name == "mean" else aggregator
-    np.testing.assert_array_equal(start.weights["w"], first(weights, [float(s) for s in samples])["w"])
+    # Whatever the rule, the first state is the proposal a strict majority sent alike, exactly.
+    np.testing.assert_array_equal(start.weights["w"], initial["w"])
 
     deltas = [{"w": rng.standard_normal((2, 3)).astype(np.float32)} for _ in range(5)]
     strategy.aggregate(1, [make_update(f"a{i}", 1, s, delta=d, base=start.digest)
@@ -216,13 +215,18 @@ def test_clipping_applies_to_deltas_not_to_bootstrap_weights() -> None:
 
 def test_a_failing_family_leaves_every_family_unchanged() -> None:
     strategy = FedAvg(AGGREGATORS["krum"])  # f = 1: needs 5 updates per family
-    many = [make_update(f"a{i}", 0, 1, weights={"w": np.full(2, float(i))}, family="big") for i in range(5)]
-    few = [make_update(f"b{i}", 0, 1, weights={"w": np.ones(2)}, family="small") for i in range(4)]
+    strategy.aggregate(0, [make_update(f"{family}{i}", 0, 1, weights={"w": np.ones(2)}, family=family)
+                           for family in ("big", "small") for i in range(5)])  # bootstraps combine by no rule
+    before = dict(strategy.states)
+    many = [make_update(f"a{i}", 1, 1, delta={"w": np.full(2, float(i))}, family="big", base=before["big"].digest)
+            for i in range(5)]
+    few = [make_update(f"b{i}", 1, 1, delta={"w": np.ones(2)}, family="small", base=before["small"].digest)
+           for i in range(4)]
     with pytest.raises(AggregationError, match="got n=4"):
-        strategy.aggregate(0, many + few)
-    assert strategy.states == {}
-    strategy.aggregate(0, many)
-    assert set(strategy.states) == {"big"}
+        strategy.aggregate(1, many + few)
+    assert strategy.states == before
+    strategy.aggregate(1, many)
+    assert strategy.states["big"].round == 2 and strategy.states["small"] is before["small"]
 
 
 def test_plain_functions_still_make_a_strategy() -> None:

@@ -65,14 +65,15 @@ def test_one_agent_claiming_a_million_samples_moves_the_evaluation_by_its_bounde
 
 
 def test_no_single_device_chooses_the_first_state() -> None:
-    """Three honest proposals near one model and one of norm 10,000: under the plain mean the first state is the
-    proposals' coordinate-wise median, on the streaming path as on the batch path."""
+    """Three honest proposals of the seeded initial model and one of norm 10,000 claiming 1,000,000 samples: the
+    first state is the honest proposal exactly, on the streaming path as on the batch path, and the other one is
+    dropped as ``bootstrap_disagrees`` (the majority rule itself: test_bootstrap_majority.py)."""
     from coordinator.aggregation import weighted_mean
     from coordinator.strategies import FedAvg
 
     rng = np.random.default_rng(0)
     honest = rng.normal(size=(4, 8)).astype(np.float32)
-    proposals = [honest + rng.normal(scale=0.01, size=honest.shape).astype(np.float32) for _ in range(3)]
+    proposals = [honest.copy() for _ in range(3)]
     proposals.append(rng.normal(scale=10_000 / np.sqrt(honest.size), size=honest.shape).astype(np.float32))
     updates = [Update(run_id="r", agent_id=f"a{i}", round=1, task="train", task_ref=DIGITS, family="f",
                       base_digest=None, num_samples=10 if i < 3 else 1_000_000, weights={"w": w},
@@ -81,6 +82,6 @@ def test_no_single_device_chooses_the_first_state() -> None:
         strategy = FedAvg(weighted_mean)
         strategy.folds_payloads = streaming
         strategy.begin_round(len(updates))
-        strategy.aggregate(1, [strategy.accumulate(u) for u in updates])
-        first = strategy.states["f"].weights["w"]
-        assert np.abs(first - honest).max() < 0.05, streaming
+        dropped = strategy.aggregate(1, [strategy.accumulate(u) for u in updates])
+        assert strategy.states["f"].weights["w"].tobytes() == honest.tobytes(), streaming
+        assert [(d.agent_id, d.reason.value) for d in dropped] == [("a3", "bootstrap_disagrees")]

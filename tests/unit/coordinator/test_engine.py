@@ -108,17 +108,22 @@ def test_waits_for_enough_agents_then_announces(tmp_path: Path) -> None:
 
 def test_full_round_aggregates_and_publishes_the_new_state(tmp_path: Path) -> None:
     clock = Clock()
-    engine, outbox, metrics = make_engine(tmp_path, clock, claim_cap_multiple=0)  # the plain sample-weighted mean
+    engine, outbox, metrics = make_engine(tmp_path, clock, claim_cap_multiple=0,  # the plain sample-weighted mean
+                                          max_norm_ratio=0)
     hello(engine, "a", samples=10), hello(engine, "b", samples=30)
     engine.tick()
     send(engine, update(engine, "a", 1, samples=10, weights=weights(1.0)))
-    send(engine, update(engine, "b", 1, samples=30, weights=weights(3.0)))
+    send(engine, update(engine, "b", 1, samples=30, weights=weights(1.0)))
     engine.tick()  # everyone answered: closes without waiting for the deadline
     assert engine.last_summary.outcome == "completed"
-    engine.tick()  # opens round 2 and publishes the aggregated state
-    state = decode_message(outbox.last(TOPICS.global_state("f", 2)), GlobalState)
-    np.testing.assert_allclose(state.weights["w"], 2.5)  # (10 * 1 + 30 * 3) / 40
-    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "completed"}) == 1
+    engine.tick()  # opens round 2 and publishes the agreed first state
+    np.testing.assert_allclose(decode_message(outbox.last(TOPICS.global_state("f", 2)), GlobalState).weights["w"], 1.0)
+    send(engine, update(engine, "a", 2, samples=10, delta=weights(1.0)))
+    send(engine, update(engine, "b", 2, samples=30, delta=weights(3.0)))
+    engine.tick(), engine.tick()  # closes round 2, opens round 3 with the aggregated state
+    state = decode_message(outbox.last(TOPICS.global_state("f", 3)), GlobalState)
+    np.testing.assert_allclose(state.weights["w"], 1.0 + 2.5)  # (10 * 1 + 30 * 3) / 40
+    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "completed"}) == 2
 
 
 def test_bad_updates_are_dropped_and_counted_by_reason(tmp_path: Path) -> None:
@@ -246,11 +251,15 @@ def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run
     engine.tick()
     for agent_id in ("a", "b", "c", "d"):
         send(engine, update(engine, agent_id, 1))
+    engine.tick(), engine.tick()  # a bootstrap takes the agreed proposal, by no rule: round 2 opens
+    first = engine.strategy.states["f"]
+    for agent_id in ("a", "b", "c", "d"):
+        send(engine, update(engine, agent_id, 2))
     engine.tick()  # everyone answered, but Krum with f = 1 needs n > 4
     failed = engine.last_summary
-    assert (failed.round, failed.outcome, failed.reason) == (1, "failed", "too_few_updates")
+    assert (failed.round, failed.outcome, failed.reason) == (2, "failed", "too_few_updates")
     assert failed.detail is not None and "n > 2f + 2 = 4, got n=4" in failed.detail
-    assert engine.strategy.states == {}  # nothing changed
+    assert engine.strategy.states == {"f": first}  # nothing changed
     assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "failed"}) == 1
     assert metrics.registry.get_sample_value("fl_aggregation_failures_total", {"reason": "too_few_updates"}) == 1
     labels = {"version": SOFTWARE_VERSION, "federation": "t", "algorithm": "fedavg", "aggregator": "krum(f=1)"}
@@ -260,13 +269,13 @@ def test_an_aggregation_precondition_fails_the_round_with_its_reason_and_the_run
 
     hello(engine, "e")  # a fifth agent: the next round has enough updates
     engine.tick()
-    assert engine.open is not None and engine.open.number == 2
-    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).states == {}  # still bootstrapping
+    assert engine.open is not None and engine.open.number == 3
+    assert decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement).states["f"].round == 2  # unchanged
     for agent_id in ("a", "b", "c", "d", "e"):
-        send(engine, update(engine, agent_id, 2))
+        send(engine, update(engine, agent_id, 3))
     engine.tick()
-    assert engine.last_summary.outcome == "completed" and engine.strategy.states["f"].round == 3
-    assert [s.reason for s in closed] == ["too_few_updates", None]
+    assert engine.last_summary.outcome == "completed" and engine.strategy.states["f"].round == 4
+    assert [s.reason for s in closed] == [None, "too_few_updates", None]
 
 
 def test_a_state_that_overflows_fails_the_round_and_the_coordinator_carries_on(tmp_path: Path) -> None:

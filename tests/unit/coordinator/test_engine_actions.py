@@ -37,12 +37,15 @@ def test_a_round_as_actions(tmp_path: Path) -> None:
     assert started[1].data["epoch"] == started[0].data["epoch"] == engine.run.epoch > 0
     connected = engine.on_connection(True)
     assert [(a.topic, a.retain) for a in connected if isinstance(a, Publish)] == [
-        (TOPICS.coordinator_status, True), (TOPICS.rounds_current, True)]  # status, and a stale announcement cleared
+        (TOPICS.coordinator_status, True), (TOPICS.task, True),  # status, the run's card,
+        (TOPICS.rounds_current, True)]  # and a stale announcement cleared
     assert engine.on_message(TOPICS.agent_status("a"), status("a")) == []
     assert engine.on_message(TOPICS.agent_status("b"), status("b")) == []
     opened = engine.tick().actions
-    assert [type(a) for a in opened] == [Save, Publish, Publish]  # open_round first, then the announcement and status
+    # open_round first, then the announcement and status, then the card again: the round fixed family f's layout
+    assert [type(a) for a in opened] == [Save, Publish, Publish, Publish]
     assert opened[0].name == "open_round" and opened[1].topic == TOPICS.rounds_current
+    assert opened[3].topic == TOPICS.task and opened[3].retain
     run_id = engine.run.run_id
     for agent_id in ("a", "b"):
         update = Update(run_id=run_id, agent_id=agent_id, round=1, task="train", task_ref=DIGITS, family="f",

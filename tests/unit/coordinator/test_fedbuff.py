@@ -53,8 +53,8 @@ def test_async_needs_an_algorithm_whose_updates_can_be_stale() -> None:
 def test_every_agent_is_selected_and_a_version_closes_every_buffer_size_updates(tmp_path: Path) -> None:
     engine, outbox, _, _ = start(tmp_path)
     assert announced(outbox).selected == ["a", "b", "c"]
-    send(engine, update(engine, "a", 1, weights=weights(1.0)))
-    send(engine, update(engine, "b", 1, weights=weights(3.0)))
+    send(engine, update(engine, "a", 1, weights=weights(2.0)))
+    send(engine, update(engine, "b", 1, weights=weights(2.0)))  # a bootstrap takes the proposal both sent
     engine.tick()  # two of three answered: the buffer is full, version 1 closes without waiting for c
     assert engine.last_summary.outcome == "completed" and engine.last_summary.stragglers == 0
     engine.tick()

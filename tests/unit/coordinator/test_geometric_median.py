@@ -51,18 +51,31 @@ def reference(updates: list[Update], iterations: int, smoothing: float, toleranc
     return z, iterations
 
 
+def flat_between(updates: list[Update], smoothing: float, k: int) -> bool:
+    """Whether the sum of distances barely moves from iterate k - 1 to iterate k (k >= 1; iterate 0: the mean)."""
+    x = np.stack([np.asarray(bf.vector(u), dtype=np.float64) for u in updates]).reshape(len(updates), -1)
+    before, _ = reference(updates, k - 1, smoothing, -1.0) if k > 1 else (x.mean(axis=0), 0)
+    after, _ = reference(updates, k, smoothing, -1.0)
+    a, b = np.linalg.norm(x - before, axis=1).sum(), np.linalg.norm(x - after, axis=1).sum()
+    return abs(a - b) <= 1e-12 * max(a, b, 1e-300)
+
+
 def flat(merged: dict[str, np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(a, np.float64).ravel() for a in merged.values() if a.dtype.kind == "f"] or
                           [np.empty(0)])
 
 
-def assert_near(merged: dict[str, np.ndarray], expected: np.ndarray, scale: float) -> None:
+def near(merged: dict[str, np.ndarray], expected: np.ndarray, scale: float) -> bool:
     """float64 outputs to 1e-9 of the inputs' scale; narrower ones to one ulp of the reference rounded, plus that."""
     actual = flat(merged)
     dtypes = [a.dtype for a in merged.values() if a.dtype.kind == "f"]
     allowed = 1e-9 * scale + (np.spacing(np.abs(expected).astype(dtypes[0])).astype(np.float64)
                               if dtypes and dtypes[0] != np.float64 else 0.0)
-    assert (np.abs(actual - expected) <= allowed).all(), (actual, expected)
+    return bool((np.abs(actual - expected) <= allowed).all())
+
+
+def assert_near(merged: dict[str, np.ndarray], expected: np.ndarray, scale: float) -> None:
+    assert near(merged, expected, scale), (flat(merged), expected)
 
 
 def random_updates(rng: np.random.Generator, n: int, dtype: type = np.float32) -> list[Update]:
@@ -79,7 +92,15 @@ def test_matches_plain_weiszfeld_on_the_concatenated_updates(case: Case, iterati
     # tolerance 0: both run every iteration, so a stop decided on the last bit cannot tell them apart
     merged = geometric_median(case.updates, case.weights, iterations=iterations, smoothing=smoothing, tolerance=0.0)
     assert_layout(merged, case)
-    expected, _ = reference(case.active, iterations, smoothing, 0.0)
+    expected, done = reference(case.active, iterations, smoothing, 0.0)
+    if not near(merged, expected, scale_of(case)):
+        # A flat objective (ties: z inside a median interval) is where the stop is decided on the last bit of
+        # two differently summed distances: then, and only then, one iteration more or less is the same answer.
+        for other in (done - 1, done + 1):
+            if 1 <= other <= iterations and flat_between(case.active, smoothing, min(done, other)):
+                candidate, _ = reference(case.active, other, smoothing, -1.0)
+                if near(merged, candidate, scale_of(case)):
+                    expected = candidate
     assert_near(merged, expected, scale_of(case))
     for name in (k for k, a in case.updates[0].items() if a.dtype.kind != "f"):
         np.testing.assert_array_equal(merged[name], bf.lower_median_int(case.active, name))
@@ -173,12 +194,17 @@ def test_row_matrices_give_exactly_the_result_of_separate_updates(tmp_path: Path
 
 def test_a_robust_round_keeps_the_updates_as_rows_and_a_mean_round_folds_them(tmp_path: Path) -> None:
     geomed = FedAvg(build_aggregator(CoordinatorSettings(aggregator="geometric_median")))
+    rng = np.random.default_rng(5)
+    initial = {"w": rng.normal(size=(3, 4)).astype(np.float32)}
+    geomed.aggregate(0, [make_update(f"a{i}", 0, 10, weights=initial) for i in range(3)])  # bootstraps: no rule
+    base = geomed.states["cnn"].digest
     geomed.begin_round(3, memory_budget_bytes=0, spill_dir=tmp_path)
     assert geomed.folds is None and geomed.rows is not None
-    rng = np.random.default_rng(5)
-    sent = [make_update(f"a{i}", 0, 10, weights={"w": rng.normal(size=(3, 4)).astype(np.float32)}) for i in range(3)]
-    geomed.aggregate(0, [geomed.accumulate(u) for u in sent])
-    expected = geometric_median([u.weights for u in sent], [10.0] * 3)["w"]
+    sent = [make_update(f"a{i}", 1, 10, delta={"w": rng.normal(size=(3, 4)).astype(np.float32)}, base=base)
+            for i in range(3)]
+    geomed.aggregate(1, [geomed.accumulate(u) for u in sent])
+    step = geometric_median([u.delta for u in sent], [10.0] * 3)["w"].astype(np.float64)
+    expected = (initial["w"].astype(np.float64) + step).astype(np.float32)
     np.testing.assert_array_equal(geomed.states["cnn"].weights["w"], expected)
     geomed.end_round()
     mean = FedAvg(build_aggregator(CoordinatorSettings(aggregator="mean")))

@@ -67,7 +67,7 @@ def test_agents_without_a_histogram_have_no_kl_and_full_weight() -> None:
 
 # -- weight factors ---------------------------------------------------------------------------
 def test_weight_factor_is_exp_of_minus_kl_over_temperature() -> None:
-    skew = LabelSkew()
+    skew = LabelSkew(protection=0.0)  # the plain factor; test_rare_classes covers the rare-class floor
     observe(skew, "a", [90, 10])
     observe(skew, "b", [10, 90])
     observe(skew, "c", [50, 50])
@@ -80,6 +80,11 @@ def test_weight_factor_is_exp_of_minus_kl_over_temperature() -> None:
     assert skew.weight_factor("c", 1.0) > skew.weight_factor("a", 1.0)
     assert skew.weight_factors(["a", "c", "x"], 1.0) == {
         "a": skew.weight_factor("a", 1.0), "c": skew.weight_factor("c", 1.0), "x": 1.0}
+    protected = LabelSkew()
+    for agent, counts in (("a", [90, 10]), ("b", [10, 90]), ("c", [50, 50])):
+        observe(protected, agent, counts)
+    for temperature in (0.1, 1.0, 10.0):  # the floor only ever lifts a factor, never past 1
+        assert skew.weight_factor("a", temperature) <= protected.weight_factor("a", temperature) <= 1.0
 
 
 @pytest.mark.parametrize("temperature", [0.0, -1.0, math.inf, math.nan])
@@ -245,8 +250,9 @@ def test_gauges_read_from_a_fresh_registry() -> None:
 
     metrics.update(skew, temperature=2.0)
     worst = max(skew.kl(a) or 0.0 for a in "abc")
-    assert value("fl_weighting_factor_min") == pytest.approx(math.exp(-worst / 2.0))
+    assert value("fl_weighting_factor_min") >= math.exp(-worst / 2.0)  # the rare-class floor may lift it
     assert value("fl_weighting_factor_min") == pytest.approx(min(skew.weight_factor(a, 2.0) for a in "abc"))
+    assert value("fl_weighting_class_ratio_min") == pytest.approx(skew.weighting_summary(2.0).class_ratio_min)
 
     skew.forget("c")  # jetson's last labelled agent left: its series goes
     metrics.update(skew, temperature=2.0)

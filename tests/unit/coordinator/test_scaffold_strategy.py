@@ -29,16 +29,17 @@ def scaffold_update(agent: str, samples: int, base: str | None, **payload: objec
 
 def bootstrapped(population: int = 4) -> Scaffold:
     strategy = Scaffold(weighted_mean, server_learning_rate=0.5)
-    strategy.aggregate(1, [scaffold_update("a", 10, None, weights=arrays(1.0), control_delta=control(2.0)),
-                           scaffold_update("b", 30, None, weights=arrays(3.0), control_delta=control(4.0))],
+    # A bootstrap proposal is agreed on whole (weights and control delta), never averaged.
+    strategy.aggregate(1, [scaffold_update("a", 10, None, weights=arrays(2.5), control_delta=control(3.0)),
+                           scaffold_update("b", 30, None, weights=arrays(2.5), control_delta=control(3.0))],
                        population={"f": population})
     return strategy
 
 
-def test_bootstrap_averages_weights_and_scales_the_control_by_answered_over_known() -> None:
+def test_bootstrap_takes_the_agreed_weights_and_scales_the_control_by_answered_over_known() -> None:
     state = bootstrapped(population=4).states["f"]
-    np.testing.assert_allclose(state.weights["w"], 2.5)  # sample-weighted, no global step at bootstrap
-    np.testing.assert_allclose(state.control["w"], 2 / 4 * 3.0)  # |S|/N * uniform mean of dc
+    np.testing.assert_allclose(state.weights["w"], 2.5)  # the agreed proposal, no global step at bootstrap
+    np.testing.assert_allclose(state.control["w"], 2 / 4 * 3.0)  # |S|/N * the agreed dc
     assert sorted(state.control) == ["b", "w"] and state.weights["count"].shape == ()
 
 
@@ -55,7 +56,8 @@ def test_a_round_takes_a_global_step_and_moves_the_variate_by_s_over_n() -> None
     after = strategy.states["f"]
     mean_delta = (10 * 1 + 10 * 3 + 0) / 40
     np.testing.assert_allclose(after.weights["w"], before.weights["w"] + 0.5 * mean_delta, rtol=1e-6)
-    np.testing.assert_allclose(after.control["w"], before.control["w"] + 3 / 4 * (-0.5 / 3), rtol=1e-6)
+    mean_control_delta = (10 * -1.0 + 10 * 0.0 + 20 * 0.5) / 40  # weighted like the deltas (test_scaffold_reference.py)
+    np.testing.assert_allclose(after.control["w"], before.control["w"] + 3 / 4 * mean_control_delta, rtol=1e-6)
     assert after.round == 3
 
 

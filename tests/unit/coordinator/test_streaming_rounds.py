@@ -115,7 +115,8 @@ def test_fedavg_streams_under_the_mean_and_matches_the_batch_path(clip: float | 
     batch = FedAvg(Aggregator("mean", weighted_mean, {}, clip))
     batch.folds_payloads = False  # the same rule over every update at the close
     # Bootstrap: two agents send another layout; the majority's wins and they are dropped, on both paths.
-    boot = [update(f"a{i}", 10 + i, None, weights=arrays(rng)) for i in range(5)]
+    initial = arrays(rng)
+    boot = [update(f"a{i}", 10 + i, None, weights=initial) for i in range(5)]
     boot += [update(f"x{i}", 50, None, weights=arrays(rng, size=3)) for i in range(2)]
     assert run_round(streaming, boot, 1) == run_round(batch, boot, 1) == ["x0", "x1"]
     assert streaming.folds is not None and batch.folds is None
@@ -134,7 +135,8 @@ def test_scaffold_streams_weights_deltas_and_control_deltas() -> None:
     rng = np.random.default_rng(2)
     streaming, batch = Scaffold(weighted_mean), Scaffold(weighted_mean)
     batch.folds_payloads = False
-    boot = [update(f"a{i}", 5 + i, None, weights=arrays(rng), control_delta=arrays(rng)) for i in range(4)]
+    initial, control = arrays(rng), arrays(rng)
+    boot = [update(f"a{i}", 5 + i, None, weights=initial, control_delta=control) for i in range(4)]
     run_round(streaming, boot, 1), run_round(batch, boot, 1)
     base = streaming.states["f"].digest
     deltas = [update(f"a{i}", 5 + i, base, delta=arrays(rng), control_delta=arrays(rng)) for i in range(4)]
@@ -150,10 +152,10 @@ def test_robust_rules_keep_the_updates() -> None:
     strategy.begin_round(3)
     assert strategy.folds is None and strategy.rows is not None
     sent = [update(a, 1, None, weights={"w": np.full(2, v, np.float32), "n": np.array(v, np.int64)})
-            for a, v in (("a", 1), ("b", 5), ("c", 2))]
+            for a, v in (("a", 2), ("b", 5), ("c", 2))]
     kept = [strategy.accumulate(u) for u in sent]
-    assert [dict(k.weights)["w"].tolist() for k in kept] == [[1, 1], [5, 5], [2, 2]]
-    strategy.aggregate(1, kept)
+    assert [dict(k.weights)["w"].tolist() for k in kept] == [[2, 2], [5, 5], [2, 2]]
+    assert [d.agent_id for d in strategy.aggregate(1, kept)] == ["b"]  # the proposal two of three sent alike
     assert strategy.states["f"].weights["w"].tolist() == [2, 2] and strategy.states["f"].weights["n"] == 2
 
 

@@ -165,3 +165,19 @@ def test_only_the_agent_images_install_torch() -> None:
         assert 'pip install ".[agent]"' in agent and "COPY coordinator" not in agent
     assert re.search(r"^ARG L4T_IMAGE=nvcr\.io/nvidia/l4t-", (DEPLOY / "edge-agent" / "Dockerfile.jetson").read_text(),
                      flags=re.MULTILINE)
+
+
+def test_the_chart_installs_the_tags_the_build_script_makes() -> None:
+    """scripts/build-images.sh tags edgefl/<image>:<pyproject version>; the chart's default image
+    (repository, tag defaulting to appVersion) and the k3s DaemonSet name the same."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    image = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+    assert (image["repository"], image["tag"] or chart["appVersion"]) == ("edgefl/coordinator", version)
+    script = (REPO / "scripts" / "build-images.sh").read_text()
+    assert "PREFIX=edgefl\n" in script and 'ref=localhost/$PREFIX/$name:$VERSION' in script
+    assert "build coordinator deploy/coordinator/Dockerfile" in script
+    assert "build edge-agent deploy/edge-agent/Dockerfile" in script
+    assert f"image: edgefl/edge-agent:{version}" in (DEPLOY / "k3s" / "edge-agent-daemonset.yaml").read_text()
+    # the tarballs carry the name a kubelet resolves edgefl/coordinator:<tag> to
+    assert '"docker-archive:$out:docker.io/$PREFIX/$name:$VERSION"' in script

@@ -106,12 +106,11 @@ def test_a_missing_colluder_does_not_stall_the_others() -> None:
     np.testing.assert_allclose(forged["w"], honest["w"])  # alone: std 0, the mean is its own update
 
 
-def test_bootstrap_weights_are_attacked_as_a_delta_from_the_initialisation() -> None:
-    init = {"w": np.ones(3, dtype=np.float32), "n": np.array(0)}
-    trained = {"w": np.array([1.5, 0.5, 1.0], dtype=np.float32), "n": np.array(4)}
-    sent = forge_payload(SignFlip(2.0), {"weights": trained}, init, CONTEXT)
-    np.testing.assert_allclose(sent["weights"]["w"], [0.0, 2.0, 1.0])  # type: ignore[index]
-    assert sent["weights"]["n"] == 4  # type: ignore[index]
+def test_a_bootstrap_proposal_is_attacked_in_its_weights_themselves() -> None:
+    init = {"w": np.array([1.5, 0.5, 1.0], dtype=np.float32), "n": np.array(4)}  # what an honest agent proposes
+    sent = forge_payload(SignFlip(2.0), {"weights": init}, init, CONTEXT)
+    np.testing.assert_allclose(sent["weights"]["w"], [-3.0, -1.0, -2.0])  # type: ignore[index]
+    assert sent["weights"]["w"].dtype == np.float32 and sent["weights"]["n"] == 4  # type: ignore[index]
     sent = forge_payload(SignFlip(2.0), {"delta": {"w": np.array([1.0], dtype=np.float32)}}, None, CONTEXT)
     np.testing.assert_allclose(sent["delta"]["w"], [-2.0])  # type: ignore[index]
 
@@ -146,14 +145,23 @@ def test_an_attacking_worker_sends_the_forged_update_and_admits_it(tmp_path: Pat
         # one the attacker computed before forging it.
         return LocalWorker("same", TASK, "mlp_tiny", data, device, 16, AgentStateDir(tmp_path / name), attack=attack)
 
-    honest = worker(None, "honest").answer(announcement, None)  # a bootstrap round: weights, not a delta
+    honest = worker(None, "honest").answer(announcement, None)  # a bootstrap round: the initial weights
     evil = worker(SignFlip(3.0), "evil").answer(announcement, None)
     assert "attack_sign_flip" not in honest.metrics.extra
     assert evil.metrics.extra["attack_sign_flip"] == 1.0 and evil.metrics.extra["attack_scale"] == 3.0
     start = get_arrays(TASK.build_model("mlp_tiny", seed=0))
     for name in honest.weights:
-        np.testing.assert_allclose(evil.weights[name] - start[name], -3.0 * (honest.weights[name] - start[name]),
-                                   rtol=1e-4, atol=1e-6)
+        assert honest.weights[name].tobytes() == start[name].tobytes()
+        np.testing.assert_allclose(evil.weights[name], -3.0 * start[name], rtol=1e-6)
+    weights = {k: v.copy() for k, v in start.items()}  # a training round: the delta is forged
+    state = GlobalState(run_id="run", family="mlp_tiny", round=2, weights=weights, control={},
+                        digest=GlobalState.compute_digest(weights, {}, None, None))
+    training = announcement.model_copy(update={"round": 2, "states": {
+        "mlp_tiny": StateRef(family="mlp_tiny", round=2, digest=state.digest)}})
+    honest = worker(None, "honest").answer(training, state)
+    evil = worker(SignFlip(3.0), "evil").answer(training, state)
+    for name in honest.delta:
+        np.testing.assert_allclose(evil.delta[name], -3.0 * honest.delta[name], rtol=1e-4, atol=1e-6)
 
 
 def test_a_global_model_that_makes_training_diverge_skips_the_round_instead_of_crashing(tmp_path: Path) -> None:

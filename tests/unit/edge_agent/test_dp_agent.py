@@ -19,9 +19,10 @@ from edge_agent.models import EMBED_DIM, FedModel
 from edge_agent.privacy.compat import DPIncompatibleModel, check_dp_compatible
 from edge_agent.privacy.errors import BudgetExhausted
 from edge_agent.tasks.registry import resolve_task
-from protocol.messages import LocalTraining, RoundAnnouncement
+from protocol.messages import GlobalState, LocalTraining, RoundAnnouncement, StateRef
 from protocol.tasks import BUILTIN_CARDS
 from tests.task_refs import DIGITS, family_layouts
+from tests.unit.edge_agent.rounds import global_state, global_weights
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -33,10 +34,17 @@ def settings(state_dir: Path, **dp: object) -> AgentSettings:
 
 
 def announce(round_number: int, run_id: str = "run-a", task: str = "train") -> RoundAnnouncement:
+    state = start(run_id)
     return RoundAnnouncement(run_id=run_id, round=round_number, task=task, task_ref=DIGITS,  # type: ignore[arg-type]
                              layouts=family_layouts(["mlp_tiny"]), algorithm="fedavg",
                              training=LocalTraining(epochs=1, learning_rate=0.5), selected=["dp-agent"],
+                             states={"mlp_tiny": StateRef(family="mlp_tiny", round=state.round, digest=state.digest)},
                              init_seed=0, issued_at=time.time(), deadline_s=60.0, last_round=10)
+
+
+def start(run_id: str = "run-a") -> GlobalState:
+    """The global state every round here trains from (a bootstrap round trains nothing: it proposes the initial model)."""
+    return global_state("mlp_tiny", 1, weights=global_weights("mlp_tiny"), run_id=run_id)
 
 
 def epsilon_of(agent: EdgeAgent) -> float:
@@ -103,7 +111,7 @@ def test_bad_dp_settings_fail_at_start(tmp_path: Path, fields: dict[str, object]
 def test_restarted_agent_continues_from_its_saved_epsilon(tmp_path: Path) -> None:
     first = build_agent(settings(tmp_path), set_threads=False)
     assert epsilon_of(first) == 0.0
-    update = first.worker.answer(announce(1), None)
+    update = first.worker.answer(announce(1), start())
     assert update.privacy is not None and update.privacy.epsilon > 0
     assert update.metrics.train_loss is None and update.metrics.train_accuracy is None  # not covered by DP
     after_one = update.privacy.epsilon
@@ -111,18 +119,18 @@ def test_restarted_agent_continues_from_its_saved_epsilon(tmp_path: Path) -> Non
 
     second = build_agent(settings(tmp_path), set_threads=False)  # the device rebooted
     assert epsilon_of(second) == after_one
-    update = second.worker.answer(announce(2), None)
+    update = second.worker.answer(announce(2), start())
     assert update.privacy is not None and update.privacy.epsilon > after_one
     after_two = update.privacy.epsilon
 
     third = build_agent(settings(tmp_path), set_threads=False)  # a new run: the budget is the agent's
     assert epsilon_of(third) == after_two
-    update = third.worker.answer(announce(1, run_id="run-b"), None)
+    update = third.worker.answer(announce(1, run_id="run-b"), start("run-b"))
     assert update.privacy is not None and update.privacy.epsilon > after_two
     assert update.privacy.exhausted  # the three planned rounds are spent
     assert third.status().state == "budget_exhausted"
     with pytest.raises(BudgetExhausted):
-        third.worker.answer(announce(2, run_id="run-b"), None)
+        third.worker.answer(announce(2, run_id="run-b"), start("run-b"))
 
     fourth = build_agent(settings(tmp_path), set_threads=False)
     assert epsilon_of(fourth) == update.privacy.epsilon
@@ -137,7 +145,7 @@ def test_a_round_cut_short_by_a_crash_still_counts(tmp_path: Path, monkeypatch: 
     agent = build_agent(settings(tmp_path), set_threads=False)
     monkeypatch.setattr(trainer_module, "train_private", power_cut)
     with pytest.raises(RuntimeError, match="power cut"):
-        agent.worker.answer(announce(1), None)
+        agent.worker.answer(announce(1), start())
     monkeypatch.undo()
     rebooted = build_agent(settings(tmp_path), set_threads=False)
     assert epsilon_of(rebooted) > 0  # charged before the data was touched
@@ -146,9 +154,9 @@ def test_a_round_cut_short_by_a_crash_still_counts(tmp_path: Path, monkeypatch: 
 
 def test_evaluation_answers_carry_the_epsilon_and_spend_nothing(tmp_path: Path) -> None:
     agent = build_agent(settings(tmp_path), set_threads=False)
-    agent.worker.answer(announce(1), None)
+    agent.worker.answer(announce(1), start())
     spent = epsilon_of(agent)
-    update = agent.worker.answer(announce(2, task="evaluate"), None)
+    update = agent.worker.answer(announce(2, task="evaluate"), start())
     assert update.privacy is not None and update.privacy.epsilon == spent == epsilon_of(agent)
 
 
@@ -156,5 +164,5 @@ def test_agent_without_dp_reports_no_privacy(tmp_path: Path) -> None:
     agent = build_agent(AgentSettings(device="phone", agent_id="dp-agent", state_dir=tmp_path, partition="iid",
                                       num_partitions=10), set_threads=False)
     assert agent.status().privacy is None
-    assert agent.worker.answer(announce(1), None).privacy is None
+    assert agent.worker.answer(announce(1), start()).privacy is None
     assert not (tmp_path / "privacy.json").exists()

@@ -42,7 +42,9 @@ ACCEPTED = sorted(p.stem for p in GOLDEN.glob("*.json"))
 REJECTED = sorted(p.stem for p in (GOLDEN / "reject").glob("*.json"))
 FRESHNESS = sorted(p.stem for p in (GOLDEN / "freshness").glob("*.json"))
 TOPIC_KIND = {"coordinator_status": "coordinator_status", "agent_status": "agent_status", "round": "round",
-              "global_state": "global_state", "update": "update"}
+              "global_state": "global_state", "update": "update", "task": "task", "notice": "notice",
+              "partial": "partial"}
+NOT_RETAINED = {"update", "notice", "partial"}
 
 
 def sidecar(name: str) -> dict[str, Any]:
@@ -62,7 +64,7 @@ def jsonable(value: Any) -> Any:
         return {"bin": value.hex()}
     if isinstance(value, dict):
         return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
     return value
 
@@ -101,7 +103,7 @@ def test_a_vector_travels_on_the_topic_of_the_message_it_carries(name: str) -> N
     side = sidecar(name)
     kind = carried_kind(side)
     assert Topics("greenhouse").parse(side["topic"]).kind == TOPIC_KIND[kind]
-    assert side["qos"] == 1 and side["retain"] == (kind != "update")
+    assert side["qos"] == 1 and side["retain"] == (kind not in NOT_RETAINED)
 
 
 def _ndarray_by_the_spec(code: int, data: bytes) -> np.ndarray:
@@ -191,7 +193,7 @@ def test_a_round_naming_an_unknown_algorithm_and_compressor_decodes() -> None:
         CompressionSpec.parse(message.compression)  # what an agent would apply: declined, not decoded wrongly
 
 
-@pytest.mark.parametrize("name", ["round_signed", "global_state_signed"])
+@pytest.mark.parametrize("name", ["round_signed", "global_state_signed", "task_signed", "notice_signed"])
 def test_a_signed_vector_verifies_with_the_published_test_key(name: str) -> None:
     side = sidecar(name)
     envelope = decode_message(payload(name), Signed)

@@ -15,10 +15,13 @@ from protocol.messages import (
     CoordinatorStatus,
     GlobalState,
     Message,
+    Notice,
     RoundAnnouncement,
     Signed,
+    TaskAnnouncement,
     Update,
 )
+from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.wire import decode_message, encode_message
 
 from .wire_strategies import (
@@ -27,11 +30,27 @@ from .wire_strategies import (
     chunks,
     coordinator_statuses,
     global_states,
+    notices,
     round_announcements,
     sample_update,
     signed,
+    task_announcements,
     updates,
 )
+
+
+@st.composite
+def partials(draw: st.DrawFn) -> PartialAggregate:
+    """A site's partial aggregate: float64 sums of the accepted agents' weighted deltas, every outcome."""
+    weights = draw(st.lists(st.integers(1, 1000), min_size=0, max_size=4))
+    outcomes = {f"a{i}": AgentOutcome(outcome="accepted", samples=w, weight=float(w)) for i, w in enumerate(weights)}
+    outcomes["late"] = AgentOutcome(outcome="straggler")
+    outcomes["bad"] = AgentOutcome(outcome="rejected", reason="stale_base")
+    sums = {"w": np.full((2, 3), draw(st.floats(-1e6, 1e6)), dtype="<f8")} if weights else {}
+    return PartialAggregate(run_id="r1", site_id="s1", round=draw(st.integers(0, 10_000_000)), family="f",
+                            base_digest="0" * 32, sums=sums, heaviest="a0" if weights else None,
+                            total_weight=float(sum(weights)), count=len(weights), outcomes=outcomes)
+
 
 ROUND_TRIP = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 
@@ -43,6 +62,9 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     Update: updates(),
     Chunk: chunks(),
     Signed: signed(),
+    TaskAnnouncement: task_announcements(),
+    Notice: notices,
+    PartialAggregate: partials(),
 }
 
 
@@ -52,6 +74,26 @@ def round_trip(message: Message) -> Message:
     # Decoding without ``expect`` picks the same model from ``kind``.
     assert type(decode_message(encode_message(message))) is type(message)
     return decoded
+
+
+@ROUND_TRIP
+@given(task_announcements())
+def test_task_announcement_round_trips(message: TaskAnnouncement) -> None:
+    decoded = round_trip(message)
+    assert isinstance(decoded, TaskAnnouncement)
+    assert decoded.card == message.card  # tuples travel as msgpack arrays and come back as tuples
+
+
+@ROUND_TRIP
+@given(notices)
+def test_notice_round_trips(message: Notice) -> None:
+    assert round_trip(message) == message
+
+
+@ROUND_TRIP
+@given(partials())
+def test_partial_round_trips(message: PartialAggregate) -> None:
+    assert_same_message(round_trip(message), message)
 
 
 def test_every_message_model_has_a_strategy() -> None:
@@ -138,3 +180,15 @@ def test_a_message_of_every_kind_is_refused_as_another(data: st.DataObject) -> N
         with pytest.raises(ProtocolError) as info:
             decode_message(payload, expect=other)
         assert info.value.reason is Reason.WRONG_KIND
+
+
+def test_a_card_declares_only_layouts_arrays_can_travel_in() -> None:
+    from pydantic import ValidationError
+
+    from protocol.limits import DEFAULT_DTYPES
+    from protocol.task_card import ArraySpec, WireDtype
+
+    assert set(WireDtype.__args__) == DEFAULT_DTYPES  # type: ignore[attr-defined]
+    for bad in ({"dtype": ">f4"}, {"dtype": "<f3"}, {"shape": (1,) * 9}):
+        with pytest.raises(ValidationError):
+            ArraySpec.model_validate({"name": "w", "shape": (2,), "dtype": "<f4", **bad})

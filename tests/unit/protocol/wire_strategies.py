@@ -21,14 +21,17 @@ from protocol.messages import (
     GlobalState,
     LocalTraining,
     Message,
+    Notice,
     PrivacySpent,
     RoundAnnouncement,
     Signed,
     StateRef,
+    TaskAnnouncement,
     TaskRef,
     TrainMetrics,
     Update,
 )
+from protocol.task_card import FamilyLayout, TaskCard
 
 ALLOWED_DTYPES: list[str] = sorted(DEFAULT_DTYPES)
 MAX_ROUND = 10_000_000
@@ -141,7 +144,8 @@ def assert_wire_equal(expected: Any, actual: Any, path: str = "$") -> None:
         for key, value in expected.items():
             assert_wire_equal(value, actual[key], f"{path}.{key}")
     elif isinstance(expected, (list, tuple)):
-        assert isinstance(actual, list), f"{path}: {type(actual).__name__} is not a list"
+        # A model's tuple fields (TaskCard.families) travel as arrays and come back as tuples.
+        assert isinstance(actual, list | tuple), f"{path}: {type(actual).__name__} is not a list"
         assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
         for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
             assert_wire_equal(e, a, f"{path}[{i}]")
@@ -351,6 +355,41 @@ def chunks(draw: st.DrawFn) -> Chunk:
 def signed(draw: st.DrawFn) -> Signed:
     return Signed(key_id=draw(st.from_regex(r"[0-9a-f]{16}", fullmatch=True)), payload=draw(st.binary(max_size=256)),
                   signature=draw(st.binary(min_size=64, max_size=64)))
+
+
+@st.composite
+def task_announcements(draw: st.DrawFn) -> TaskAnnouncement:
+    """A card of a few families, each with its arrays, only a fingerprint, or no layout yet."""
+    families = draw(st.lists(identifiers, min_size=1, max_size=3, unique=True))
+    layouts: dict[str, FamilyLayout] = {}
+    for family in families:
+        how = draw(st.sampled_from(["arrays", "fingerprint", "none"]))
+        shapes = draw(st.lists(st.lists(st.integers(0, 64), max_size=3).map(tuple), min_size=1, max_size=4))
+        layout = {f"layer{i}.weight": (shape, draw(st.sampled_from(["<f4", "<f2", "<i8"])))
+                  for i, shape in enumerate(shapes)}
+        if how == "arrays":
+            layouts[family] = FamilyLayout.of(layout)
+        elif how == "fingerprint":
+            layouts[family] = FamilyLayout(fingerprint=FamilyLayout.of(layout).fingerprint)
+    classes = draw(st.lists(st.text(min_size=1, max_size=8), min_size=2, max_size=6, unique=True))
+    card = TaskCard(name=draw(identifiers), version=draw(st.from_regex(VERSION_PATTERN, fullmatch=True)),
+                    classes=tuple(classes), families=tuple(families), layouts=layouts,
+                    embedding_dim=draw(st.none() | st.integers(1, 512)))
+    return TaskAnnouncement(run_id=draw(identifiers), card=card, timestamp=draw(finite_floats),
+                            epoch=draw(st.integers(0, 2**63 - 1)))
+
+
+notices = st.builds(
+    Notice,
+    run_id=identifiers,
+    agent_id=identifiers,
+    about=st.sampled_from(["status", "update"]),
+    reason=st.from_regex(r"[a-z][a-z0-9_]{0,63}", fullmatch=True),
+    detail=st.text(max_size=512),
+    round=rounds,
+    timestamp=finite_floats,
+    epoch=st.integers(0, 2**63 - 1),
+)
 
 
 def sample_update(**overrides: Any) -> Update:

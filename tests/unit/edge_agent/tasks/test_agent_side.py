@@ -15,8 +15,9 @@ from edge_agent.data.local import build_local_data
 from edge_agent.state import AgentStateDir
 from edge_agent.tasks import Task, resolve_task
 from edge_agent.tasks.checks import model_fingerprint
+from edge_agent.weights import get_arrays
 from edge_agent.worker import LocalWorker
-from protocol.messages import LocalTraining, RoundAnnouncement, TaskRef
+from protocol.messages import GlobalState, LocalTraining, RoundAnnouncement, TaskRef
 
 DIGITS = resolve_task("digits")
 
@@ -78,7 +79,10 @@ def test_a_regression_task_reports_its_own_metrics(tmp_path: Path) -> None:
     task = Task(name="line", version="1", kind="regression", families={"lin": lambda: nn.Linear(3, 1)},
                 load_data=lambda source, context: Dataset(x, y, 0, "line"), loss=nn.functional.mse_loss, metrics=mae)
     agent = worker(tmp_path, task, "lin", "table")
-    update = agent.answer(announce(task.card.ref, {"lin": agent.layout}, ["a"]), None)
+    start = get_arrays(task.build_model("lin", seed=0))  # a training round (a bootstrap one trains nothing)
+    state = GlobalState(run_id="r", family="lin", round=1, weights=start, control={},
+                        digest=GlobalState.compute_digest(start, {}, None, None))
+    update = agent.answer(announce(task.card.ref, {"lin": agent.layout}, ["a"]), state)
     assert update.metrics.eval_accuracy is None and update.metrics.train_accuracy is None
     assert update.metrics.extra["local_eval_mae"] < update.metrics.extra["eval_mae"]  # training helped
     with pytest.raises(ValueError, match="partition 'dirichlet' skews labels"):

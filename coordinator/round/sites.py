@@ -1,0 +1,111 @@
+"""A site aggregator's partial aggregate applied at the root: its sums folded, its agents accounted for.
+
+Admission (``coordinator.admission.partials``) decides; this records the decision in the open round.
+An accepted partial's sums join the round's folded means as a group of their own
+(``Strategy.accumulate_sums``), and each agent it accepted enters the round as answered, with its
+sample count and evaluation but no arrays (as a folded update does), so the quorum, the summary, the
+federated metrics and ``rounds.jsonl`` count it like an agent that answered the root directly. Agents
+the site rejected count as rejected (under the site's reason, when it is one this coordinator knows),
+agents it reported straggling as stragglers at the close; either way they cannot answer this round
+any more, so a round whose every selected agent is accounted for closes without waiting.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from coordinator.admission.decisions import Reject
+from coordinator.admission.partials import PartialIn, admit_partial
+from coordinator.aggregation import AggregationError
+from coordinator.aggregation.running_mean import RunningMean, layout_key
+from coordinator.reasons import RejectReason
+from coordinator.round import applying
+from coordinator.round.parts import EngineParts
+from coordinator.round.run_state import RunState
+from protocol.errors import Reason
+from protocol.messages import TrainMetrics, Update
+from protocol.partials import PartialAggregate
+
+log = logging.getLogger("coordinator.round.engine")
+
+KNOWN_REASONS = frozenset(r.value for r in RejectReason) | frozenset(r.value for r in Reason)
+OTHER_REASON = "site_other"
+"""A site's reject reason this coordinator does not know: counted under this label (labels stay bounded)."""
+
+
+def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None:
+    partial, site = inbound.partial, inbound.partial.site_id
+    view = applying.admission_view(parts, run, parts.clock())
+    decision = admit_partial(inbound.topic, partial, view, run.open.partials if run.open is not None else set())
+    if isinstance(decision, Reject):
+        refuse(parts, run, site, decision)
+        return
+    assert run.open is not None
+    accepted = {a: o for a, o in partial.outcomes.items() if o.outcome == "accepted"}
+    if partial.count and not partial.proposal:
+        problem = _fold(parts, partial, {a for a, o in accepted.items() if o.weight > 0})
+        if problem is not None:
+            refuse(parts, run, site, problem)
+            return
+    open_round, m = run.open, parts.metrics
+    open_round.partials.add((site, partial.family))
+    open_round.bytes_in += inbound.size
+    counts = open_round.sites.setdefault(site, {"accepted": 0, "rejected": 0, "stragglers": 0, "bytes": 0})
+    counts["bytes"] += partial.bytes_in
+    # What the round keeps of each accepted agent: no arrays (folded), but a bootstrap's agreed proposal, shared.
+    base = Update.model_construct(run_id=partial.run_id, round=partial.round, task=open_round.announcement.task,
+                                  task_ref=open_round.announcement.task_ref, family=partial.family,
+                                  base_digest=partial.base_digest, weights=dict(partial.proposal))
+    for agent_id, outcome in partial.outcomes.items():
+        if outcome.outcome == "accepted":
+            metrics = TrainMetrics.model_construct(eval_accuracy=outcome.eval_accuracy, eval_loss=outcome.eval_loss,
+                                                   num_eval_samples=outcome.num_eval_samples)
+            open_round.updates[agent_id] = base.model_copy(update={
+                "agent_id": agent_id, "num_samples": outcome.samples, "metrics": metrics})
+            parts.applied.record(agent_id, partial.round)
+            m.updates.labels("accepted").inc()
+            counts["accepted"] += 1
+        elif outcome.outcome == "rejected":
+            open_round.settled.add(agent_id)
+            open_round.rejected += 1
+            m.updates.labels("rejected").inc()
+            reason = outcome.reason if outcome.reason in KNOWN_REASONS else OTHER_REASON
+            parts.rejects.record("update", reason or OTHER_REASON, agent_id, f"at site {site}")
+            counts["rejected"] += 1
+        else:
+            open_round.settled.add(agent_id)
+            open_round.site_stragglers.add(agent_id)
+            counts["stragglers"] += 1
+    log.info("round %d: site %s's %s partial: %d accepted, %d rejected, %d straggling", partial.round, site,
+             partial.family, len(accepted), sum(o.outcome == "rejected" for o in partial.outcomes.values()),
+             sum(o.outcome == "straggler" for o in partial.outcomes.values()))
+
+
+def _fold(parts: EngineParts, partial: PartialAggregate, members: set[str]) -> Reject | None:
+    """The partial's sums into the round's folded means; why they cannot be, or None."""
+    state = parts.strategy.states.get(partial.family)
+    if state is None:
+        return Reject(RejectReason.BAD_PARTIAL, f"{partial.family} has no global state to add a delta to")
+    heaviest = partial.outcomes[partial.heaviest].weight if partial.heaviest is not None else 0.0
+    try:
+        for name, array in partial.sums.items():
+            expected = state.weights.get(name)
+            if expected is None or array.shape != expected.shape:
+                return Reject(RejectReason.BAD_PARTIAL, f"sum {name} does not match the {partial.family} layout")
+        mean = RunningMean.of_sums(layout_key(state.weights), partial.sums, partial.integers, partial.total_weight,
+                                   partial.count, (heaviest, partial.heaviest or ""))
+    except AggregationError as exc:
+        return Reject(RejectReason.BAD_PARTIAL, exc.detail)
+    if any(not np.isfinite(s).all() for s in mean.sums.values()):
+        return Reject(RejectReason.BAD_PARTIAL, "sums are not finite")
+    if not parts.strategy.accumulate_sums(partial.family, mean, members):
+        return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
+    return None
+
+
+def refuse(parts: EngineParts, run: RunState, site: str, reject: Reject) -> None:
+    """A partial refused whole: none of its agents is counted from it (they may still count as stragglers)."""
+    parts.metrics.updates.labels("rejected").inc()
+    parts.rejects.record("partial", reject.reason.value, site, reject.detail)

@@ -1,0 +1,223 @@
+"""The site aggregator's engine: sans-IO, like the root's. Messages and ticks in, (topic, payload) to publish out.
+
+It follows the root's round announcements (down the site's bridge), learns its agents from their statuses
+(which the site broker holds; they also go up the bridge, so the root can select them), and admits their
+updates with the root's admission code: the intake (decode limits, signatures of enrolled agents, chunks),
+``admit_status`` and ``admit_update`` under the synchronous policy (selected, not yet answered, task and
+layout, base digest, claim cap, norm). It closes a round at ``site_deadline_fraction`` of the round's
+deadline, or once every agent of the site the round selected has an outcome, and publishes one signed
+``PartialAggregate`` per family up the bridge. Agents' updates never leave the site.
+
+Its state is the open round only: a restarted site aggregator has lost what it had folded, and reports
+the round's agents as stragglers at its deadline (the root never counts anything twice: a second partial
+of a site and family, or one naming an agent already counted, is refused whole).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+from coordinator.admission.decisions import Accept, Forget, Observe, Reject
+from coordinator.admission.intake import Intake, Refused, StatusCleared, StatusIn, UpdateIn
+from coordinator.admission.statuses import admit_status
+from coordinator.admission.task_agreement import TaskAgreement
+from coordinator.admission.updates import admit_update
+from coordinator.admission.view import AdmissionView
+from coordinator.fleet.agents import AgentRegistry
+from coordinator.fleet.enrollment import Enrollment
+from coordinator.policies.synchronous import SynchronousPolicy
+from coordinator.reasons import RejectReason
+from coordinator.sites.folding import SiteRound
+from coordinator.sites.settings import SiteSettings
+from coordinator.state.applied import AppliedVersions
+from coordinator.state.rounds import OpenRound
+from coordinator.state.versions import VersionLog
+from coordinator.telemetry.heterogeneity import LabelSkew
+from coordinator.telemetry.metrics import CoordinatorMetrics
+from coordinator.telemetry.rejects import RejectLog
+from protocol.compression import CompressionSpec
+from protocol.errors import ProtocolError
+from protocol.limits import DecodeLimits
+from protocol.messages import RoundAnnouncement, Update
+from protocol.security.signing import PublicKey, SigningKey, single_key
+from protocol.security.trust import OPEN, Trust, decode_trusted
+from protocol.topics import Topics
+from protocol.wire import encode_message
+
+log = logging.getLogger(__name__)
+
+ANNOUNCEMENT_LIMITS = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
+Outgoing = list[tuple[str, bytes]]
+
+
+class SitePayloads:
+    """The strategy's payload checks, against the announcement (the site holds no global state): the base an
+    update names must be the announced state's digest; a family without one bootstraps (weights). The delta's
+    layout is checked by the task agreement, against the fingerprint the round announced for its family."""
+
+    def __init__(self) -> None:
+        self.announcement: RoundAnnouncement | None = None
+
+    def check_update(self, update: Update) -> Reject | None:
+        assert self.announcement is not None
+        ref = self.announcement.states.get(update.family)
+        if ref is None:
+            return None if update.weights else Reject(RejectReason.MISSING_PAYLOAD,
+                                                      f"family {update.family} bootstraps: send weights")
+        if update.base_digest != ref.digest:
+            return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {ref.digest}")
+        if not update.delta:
+            return Reject(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
+        return None
+
+    def check_delta(self, update: Update) -> Reject | None:
+        return self.check_update(update)
+
+
+class SiteEngine:
+    def __init__(self, settings: SiteSettings, metrics: CoordinatorMetrics, *, signing_key: SigningKey | None,
+                 coordinator_key: PublicKey | None, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], float] = time.time) -> None:
+        self.settings, self.metrics, self.clock, self.wall_clock = settings, metrics, clock, wall_clock
+        self.signing_key = signing_key
+        self.topics = Topics(settings.federation)
+        self.enrollment = Enrollment(settings.enrollment_path, clock) if settings.enrollment == "required" else None
+        self.root_trust = OPEN if coordinator_key is None else Trust(single_key("coordinator", coordinator_key), True)
+        self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
+        self.task = TaskAgreement(settings.task_card())
+        self.payloads, self.policy = SitePayloads(), SynchronousPolicy()
+        self.labels, self.versions, self.applied = LabelSkew(self.task.card.num_classes or None), VersionLog(0), \
+            AppliedVersions()
+        self.rejects = RejectLog(metrics)
+        trust = OPEN if self.enrollment is None else Trust(self.enrollment.lookup, required=True)
+        self.intake = Intake(self.topics, metrics, trust, CompressionSpec.parse("none"), settings.max_update_bytes,
+                             self.task.card.num_classes, self.rejects)
+        self.run_id, self.epoch, self.next_round = "", 0, 1
+        self.round: SiteRound | None = None
+        self.sent: list[int] = []
+        """Rounds whose partials this process published (for tests and logs)."""
+
+    # -- events -----------------------------------------------------------------------------
+    def on_message(self, topic: str, payload: bytes) -> Outgoing:
+        if topic == self.topics.rounds_current:
+            return self._announced(payload)
+        inbound = self.intake.receive(topic, payload, {})
+        if isinstance(inbound, StatusIn):
+            self._status(inbound)
+        elif isinstance(inbound, StatusCleared):
+            self.registry.forget(inbound.agent_id)
+        elif isinstance(inbound, UpdateIn):
+            self._update(inbound)
+        elif isinstance(inbound, Refused):
+            self.rejects.record(inbound.kind, inbound.reject.reason.value, inbound.sender, inbound.reject.detail)
+        return []
+
+    def tick(self) -> tuple[float, Outgoing]:
+        """Close the round when its site deadline passed or every agent of the site answered."""
+        r, now = self.round, self.clock()
+        if r is None:
+            return 0.5, []
+        mine = self._mine()
+        if now >= r.open.deadline or (mine and all(a in r.outcomes for a in mine)):
+            return 0.0, self._close()
+        return max(0.0, min(r.open.deadline - now, 0.5)), []
+
+    # -- internals ----------------------------------------------------------------------------
+    def _view(self) -> AdmissionView:
+        s = self.settings
+        return AdmissionView(
+            run_id=self.run_id, next_round=self.next_round, open_round=self.round.open if self.round else None,
+            closing=False, now=self.clock(), agents=self.registry, task=self.task, payloads=self.payloads,
+            versions=self.versions, applied=self.applied, labels=self.labels, enrolled=self.enrollment,
+            max_samples=s.max_samples_per_update, claim_cap_multiple=s.claim_cap_multiple, weighting="samples",
+            kl_temperature=s.kl_temperature)
+
+    def _mine(self) -> dict[str, str]:
+        """Agents of this site the open round selected (those whose status the site broker holds) -> family."""
+        assert self.round is not None
+        families = ((a, self.registry.family_of(a)) for a in self.round.open.selected)
+        return {a: f for a, f in families if f is not None}
+
+    def _announced(self, payload: bytes) -> Outgoing:
+        if not payload:  # the root cleared a stale announcement
+            return []
+        try:
+            announcement = decode_trusted(payload, RoundAnnouncement, ANNOUNCEMENT_LIMITS, self.root_trust).message
+        except ProtocolError as exc:
+            self.rejects.record("round", exc.reason.value, "coordinator", exc.detail)
+            return []
+        if announcement.epoch < self.epoch or (announcement.run_id == self.run_id
+                                               and announcement.round < self.next_round):
+            return []  # an older run's, or a round already closed here (a re-announcement after a reconnect)
+        if self.round is not None and self.round.open.number == announcement.round and announcement.run_id == \
+                self.run_id:
+            return []
+        out = self._close() if self.round is not None else []  # the root moved on: what the site has goes up now
+        self.run_id, self.epoch = announcement.run_id, announcement.epoch
+        age = min(max(0.0, self.wall_clock() - announcement.issued_at), announcement.deadline_s)
+        now = self.clock()
+        deadline = now + max(0.0, self.settings.site_deadline_fraction * announcement.deadline_s - age)
+        claims = [r.status.num_samples for a in announcement.selected if (r := self.registry.get(a)) is not None]
+        open_round = OpenRound(announcement, payload, deadline, now, len(announcement.selected),
+                               median_claim=float(statistics.median(claims)) if claims else None)
+        self.payloads.announcement = announcement
+        self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio)
+        self.next_round = announcement.round
+        log.info("site %s: round %d open, %d of its agents selected, closing in %.1fs", self.settings.site_id,
+                 announcement.round, len(self._mine()), deadline - now)
+        return out
+
+    def _status(self, inbound: StatusIn) -> None:
+        decision = admit_status(inbound.status, inbound.agent_id, inbound.signer, self._view())
+        if isinstance(decision, Forget):
+            self.registry.forget(decision.agent_id)
+        elif isinstance(decision, Reject):
+            self.rejects.record("agent_status", decision.reason.value, inbound.agent_id, decision.detail)
+        elif isinstance(decision, Observe):
+            self.registry.observe(decision.status.model_copy(update={"label_counts": None}), self.clock())
+
+    def _update(self, inbound: UpdateIn) -> None:
+        update = inbound.update
+        decision = admit_update(inbound.topic, update, self._view(), self.policy)
+        mine = self.round is not None and update.round == self.round.open.number and \
+            update.agent_id in self.round.open.selected_set
+        if isinstance(decision, Accept):
+            assert self.round is not None
+            self.round.bytes_in += inbound.size
+            self.round.accept(update, decision.samples if decision.samples is not None else update.num_samples,
+                              decision.weight, decision.norm)
+            self.metrics.updates.labels("accepted").inc()
+            return
+        reason = decision.reason.value if isinstance(decision, Reject) else "deferred"
+        self.metrics.updates.labels("rejected").inc()
+        self.rejects.record("update", reason, update.agent_id, getattr(decision, "detail", ""))
+        if mine and self.round is not None and reason not in (RejectReason.DUPLICATE.value,
+                                                              RejectReason.TOPIC_MISMATCH.value):
+            self.round.reject(update.agent_id, reason)
+
+    def _close(self) -> Outgoing:
+        r = self.round
+        assert r is not None
+        self.round, self.next_round = None, r.open.number + 1
+        partials = r.partials(self.run_id, self.settings.site_id, self._mine_of(r))
+        out = []
+        for partial in partials:
+            payload = encode_message(partial)
+            if self.signing_key is not None:
+                payload = encode_message(self.signing_key.seal(payload))
+            out.append((self.topics.partial(self.settings.site_id, partial.round), payload))
+            log.info("site %s: round %d %s partial: %d folded (weight %.6g), %d outcomes, %d bytes up",
+                     self.settings.site_id, partial.round, partial.family, partial.count, partial.total_weight,
+                     len(partial.outcomes), len(payload))
+        self.sent.append(r.open.number)
+        return out
+
+    def _mine_of(self, r: SiteRound) -> dict[str, str]:
+        families = {a: self.registry.family_of(a) for a in r.open.selected}
+        mine = {a: f for a, f in families.items() if f is not None}
+        for agent_id in r.outcomes:  # answered, whatever the registry says now
+            mine.setdefault(agent_id, r.open.updates[agent_id].family if agent_id in r.open.updates else "")
+        return {a: f for a, f in mine.items() if f}

@@ -1,0 +1,109 @@
+"""One round at a site: its agents' accepted updates folded per family, their outcomes, and the partials they make.
+
+Deltas fold into a float64 ``RunningMean`` per family (the root's own accumulator, with the same
+``clip_norm``), after the root's norm gate (clipped against the median norm of the site's deltas of
+the family this round). Bootstrap proposals are grouped by digest, and the one a strict majority of
+the site's proposers sent alike goes up, as the root would have agreed on it. At the close every
+agent of the site the round selected has an outcome: accepted, rejected (with its reason) or straggler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coordinator.aggregation.running_mean import RunningMean, l2_norm
+from coordinator.reasons import RejectReason
+from coordinator.round.norm_clip import NormGate, RoundNorms, clipped
+from coordinator.state.rounds import OpenRound
+from protocol.digest import digest_arrays
+from protocol.messages import Update
+from protocol.partials import AgentOutcome, PartialAggregate
+
+
+@dataclass
+class SiteRound:
+    open: OpenRound
+    """The root's announcement, with the site's own deadline; ``updates`` holds who answered (admission reads it)."""
+    clip_norm: float | None
+    norm_gate: NormGate[tuple[Update, float]]
+    means: dict[str, RunningMean] = field(default_factory=dict)
+    proposals: dict[str, dict[str, tuple[dict[str, np.ndarray], list[str]]]] = field(default_factory=dict)
+    """family -> proposal digest -> (the weights, the agents that sent them)."""
+    outcomes: dict[str, AgentOutcome] = field(default_factory=dict)
+    bytes_in: int = 0
+
+    @classmethod
+    def start(cls, open_round: OpenRound, clip_norm: float | None, max_norm_ratio: float) -> SiteRound:
+        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio)))
+
+    def accept(self, update: Update, samples: int, weight: float, norm: float | None) -> None:
+        """An update admission accepted, counted for ``samples`` at ``weight`` (the policy's factor)."""
+        share = float(samples) * weight if update.task == "train" else 0.0
+        m = update.metrics
+        self.outcomes[update.agent_id] = AgentOutcome(
+            outcome="accepted", samples=samples, weight=share, eval_accuracy=m.eval_accuracy, eval_loss=m.eval_loss,
+            num_eval_samples=m.num_eval_samples)
+        self.open.updates[update.agent_id] = update.model_copy(update={"delta": {}, "weights": {}})
+        if update.weights:
+            digest = digest_arrays([("weights", update.weights)])
+            votes = self.proposals.setdefault(update.family, {})
+            votes.setdefault(digest, (dict(update.weights), []))[1].append(update.agent_id)
+        elif update.delta:
+            if norm is None:
+                self._fold(update, share, None)
+                return
+            for (held, held_share), bound in self.norm_gate.admit(update.family, (update, share), norm):
+                self._fold(held, held_share, bound)
+
+    def reject(self, agent_id: str, reason: str) -> None:
+        """Recorded for an agent of the round that has no outcome yet (a resent copy does not undo an acceptance)."""
+        if agent_id not in self.outcomes:
+            self.outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=reason)
+
+    def _fold(self, update: Update, share: float, bound: float | None) -> None:
+        delta = update.delta
+        if bound is not None:
+            delta, _ = clipped(delta, l2_norm(delta), bound)
+        self.means.setdefault(update.family, RunningMean(self.clip_norm)).add(delta, share, update.agent_id)
+
+    def partials(self, run_id: str, site_id: str, families: dict[str, str]) -> list[PartialAggregate]:
+        """The close: one partial per family of the site's selected agents (``families``: agent -> family)."""
+        for (held, share), bound in self.norm_gate.release():
+            self._fold(held, share, bound)
+        announcement = self.open.announcement
+        by_family: dict[str, dict[str, AgentOutcome]] = {}
+        for agent_id, family in families.items():
+            outcome = self.outcomes.get(agent_id) or AgentOutcome(outcome="straggler")
+            by_family.setdefault(family, {})[agent_id] = outcome
+        out = []
+        for family, outcomes in sorted(by_family.items()):
+            ref = announcement.states.get(family)
+            fields: dict = {"base_digest": ref.digest if ref is not None else None}
+            if ref is None and announcement.task == "train":
+                fields["proposal"] = self._agreed(family, outcomes)
+            mean = self.means.get(family)
+            if ref is not None and mean is not None and mean.count:
+                assert mean.heaviest is not None
+                fields.update(sums=dict(mean.sums), integers=dict(mean.others), heaviest=mean.heaviest[1])
+            accepted = [o for o in outcomes.values() if o.outcome == "accepted"]
+            out.append(PartialAggregate(
+                run_id=run_id, epoch=announcement.epoch, site_id=site_id, round=announcement.round, family=family,
+                total_weight=sum(o.weight for o in accepted), count=sum(1 for o in accepted if o.weight > 0),
+                outcomes=outcomes, bytes_in=self.bytes_in, **fields))
+        return out
+
+    def _agreed(self, family: str, outcomes: dict[str, AgentOutcome]) -> dict[str, np.ndarray]:
+        """The proposal a strict majority of the site's proposers of ``family`` sent; the others are rejected
+        (``outcomes`` changed in place); nothing when no proposal has a majority."""
+        votes = self.proposals.get(family, {})
+        voters = sum(len(agents) for _, agents in votes.values())
+        best = max(votes.values(), key=lambda v: len(v[1]), default=None)
+        agreed = best is not None and 2 * len(best[1]) > voters
+        for weights, agents in votes.values():
+            if agreed and weights is best[0]:  # type: ignore[index]
+                continue
+            for agent_id in agents:
+                outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.BOOTSTRAP_DISAGREES.value)
+        return best[0] if agreed and best is not None else {}

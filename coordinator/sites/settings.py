@@ -1,0 +1,46 @@
+"""A site aggregator's settings: the coordinator's (the same run, admission and aggregation settings as the root),
+plus who the site is, when it closes, and the root's key to verify announcements with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from coordinator.settings import CoordinatorSettings
+from protocol.topics import check_identifier
+
+
+class SiteSettings(CoordinatorSettings):
+    model_config = SettingsConfigDict(env_prefix="FL_SITE_", extra="forbid", validate_default=True)
+
+    site_id: str = Field(description="this site's id: enrolled at the root like an agent, with the site's key")
+    site_deadline_fraction: float = Field(default=0.8, gt=0.0, lt=1.0, description=(
+        "the site closes a round at this fraction of the round's deadline, so its partial reaches the root in time"))
+    coordinator_key: Path | None = Field(default=None, description=(
+        "the root coordinator's public key file (ed25519:...): announcements are acted on only if it signed them; "
+        "unset: unwrapped unverified (warned)"))
+
+    @field_validator("site_id")
+    @classmethod
+    def _site_id(cls, value: str) -> str:
+        return check_identifier(value, "site_id")
+
+    @model_validator(mode="after")
+    def _site_folds_a_mean(self) -> SiteSettings:
+        if self.mode != "sync" or self.aggregator != "mean" or self.algorithm not in ("fedavg", "fedprox"):
+            raise ValueError("a site aggregator folds synchronous rounds of fedavg or fedprox under the mean "
+                             f"(not mode {self.mode}, {self.algorithm}, {self.aggregator})")
+        if self.weighting != "samples" or self.compression != "none":
+            raise ValueError("a site aggregator weighs by samples, uncompressed (KL weighting needs the federation's "
+                             "label distribution; compressed deltas unpack against global states it does not hold)")
+        return self
+
+    @property
+    def mqtt_client_id(self) -> str:
+        return self.client_id or f"site-{self.site_id}"
+
+    @property
+    def signing_key_path(self) -> Path:
+        return self.signing_key_file or Path(self.state_dir) / "site_key.pem"

@@ -1,0 +1,106 @@
+"""A site aggregator's partial aggregate of one round and family: what crosses a site's bridge instead of updates.
+
+A site aggregator (``coordinator site``) admits its own agents' updates with the root's admission
+code and folds them into exact float64 sums; it publishes one signed ``PartialAggregate`` per family
+and round on ``sites/{site_id}/partials/{round}``. For the weighted mean the root adds the sums of
+every site (and of any agent that answers it directly) and divides once, so its new state equals
+flat FedAvg over the same updates to float64 rounding. ``outcomes`` accounts for every agent of the
+site the round selected, so the root's rounds log still counts every device.
+
+A module of its own, on :mod:`protocol.fields` and :mod:`protocol.arrays`, so that
+:mod:`protocol.messages` lists it among the message types without an import cycle.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints, model_validator
+from pydantic_core import PydanticCustomError
+
+from protocol.arrays import Arrays
+from protocol.fields import MAX_AGENTS_PER_ROUND, Digest, Epoch, Identifier, Message, NonNegativeInt, Round
+from protocol.wire_model import WireModel
+
+OutcomeReason = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+class AgentOutcome(WireModel):
+    """What became of one selected agent of the site in this round."""
+
+    outcome: Literal["accepted", "rejected", "straggler"]
+    reason: OutcomeReason | None = None
+    """A reject reason (as in ``Notice.reason``) for ``rejected``; None otherwise."""
+    samples: NonNegativeInt = 0
+    """``accepted``: the sample count it was counted for (after the site's claim cap)."""
+    weight: float = Field(default=0.0, ge=0.0)
+    """``accepted``: its share of ``total_weight`` (samples x the policy's weight)."""
+    eval_accuracy: float | None = Field(default=None, ge=0.0, le=1.0)
+    eval_loss: float | None = Field(default=None, ge=0.0)
+    num_eval_samples: NonNegativeInt = 0
+    """The agent's evaluation of the round's starting model, for the root's federated metrics."""
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentOutcome:
+        if (self.outcome == "rejected") != (self.reason is not None):
+            raise PydanticCustomError("schema", "a reason travels with a rejected outcome, and only with one")
+        if self.outcome != "accepted" and (self.samples or self.weight):
+            raise PydanticCustomError("schema", "only an accepted outcome carries samples and weight")
+        return self
+
+
+class PartialAggregate(Message):
+    """One site's fold of one family's accepted deltas for one round (weighted mean only)."""
+
+    kind: Literal["partial"] = "partial"
+    run_id: Identifier
+    epoch: Epoch = 0
+    """The root's run epoch, as the round announcement carried it."""
+    site_id: Identifier
+    round: Round
+    family: Identifier
+    base_digest: Digest | None
+    """The family's global state every folded delta started from (the announcement's); None in a bootstrap round."""
+    sums: Arrays = Field(default_factory=dict, max_length=4096)
+    """Per floating array of the delta: sum over accepted agents of weight x delta, float64. Empty when none."""
+    integers: Arrays = Field(default_factory=dict, max_length=4096)
+    """The delta's integer arrays as the heaviest accepted agent sent them (the mean takes them from the heaviest)."""
+    heaviest: Identifier | None = None
+    """The agent ``integers`` come from (ties between equal weights go to the smallest id, as in flat FedAvg)."""
+    proposal: Arrays = Field(default_factory=dict, max_length=4096)
+    """A bootstrap round (the family has no state yet): the first weights the site's accepted agents all sent,
+    byte for byte (a strict majority of the site's proposers); the root agrees across sites as across agents."""
+    total_weight: float = Field(ge=0.0)
+    count: NonNegativeInt
+    """Agents folded in with a positive weight."""
+    outcomes: dict[Identifier, AgentOutcome] = Field(max_length=MAX_AGENTS_PER_ROUND)
+    bytes_in: NonNegativeInt = 0
+    """Bytes of updates the site received for it (what did not cross the bridge)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> PartialAggregate:
+        accepted = [o for o in self.outcomes.values() if o.outcome == "accepted"]
+        if self.count != sum(1 for o in accepted if o.weight > 0):
+            raise PydanticCustomError("schema", "count {c} differs from the accepted outcomes of positive weight",
+                                      {"c": self.count})
+        weights = math.fsum(o.weight for o in accepted)
+        if not math.isclose(weights, self.total_weight, rel_tol=1e-9, abs_tol=1e-12):
+            raise PydanticCustomError("schema", "total_weight {t} is not the accepted outcomes' {w}",
+                                      {"t": self.total_weight, "w": weights})
+        if self.proposal:
+            if self.sums or self.integers or self.heaviest is not None or self.base_digest is not None:
+                raise PydanticCustomError("schema", "a bootstrap proposal travels without sums or a base")
+            return self
+        if (self.count == 0) != (not self.sums):
+            raise PydanticCustomError("schema", "sums travel with a positive count, and only with one")
+        if any(a.dtype.str != "<f8" for a in self.sums.values()):
+            raise PydanticCustomError("schema", "sums are float64")
+        if any(a.dtype.kind not in "iub" for a in self.integers.values()) or self.integers.keys() & self.sums.keys():
+            raise PydanticCustomError("schema", "integers holds the delta's non-floating arrays only")
+        heaviest = self.outcomes.get(self.heaviest) if self.heaviest is not None else None
+        if (self.heaviest is None) != (self.count == 0) or (
+                heaviest is not None and (heaviest.outcome != "accepted" or heaviest.weight <= 0)):
+            raise PydanticCustomError("schema", "heaviest names an accepted agent when the count is positive")
+        return self
+

@@ -1,0 +1,68 @@
+"""Fixed-point quantisation of float updates into the ring Z_{2^32}, and back for the sum.
+
+Values are clipped to [-clip, clip] and scaled so that the sum of ``max_summands`` of them stays
+inside the signed 32-bit range: the ring sum then reads back exactly as the integer sum (no wrap).
+The step (the error of one value) is 1 / scale with stochastic rounding, half of it with nearest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_HALF_RING = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class Quantiser:
+    clip: float
+    max_summands: int
+    stochastic: bool = False
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"clip must be a positive finite number, not {self.clip}")
+        if not 1 <= self.max_summands <= _HALF_RING:
+            raise ValueError(f"max_summands must be in 1..{_HALF_RING}")
+
+    @property
+    def bound(self) -> int:
+        """The largest |integer| one value quantises to; max_summands * bound < 2^31."""
+        return _HALF_RING // self.max_summands
+
+    @property
+    def scale(self) -> float:
+        return self.bound / self.clip
+
+    @property
+    def step(self) -> float:
+        return 1.0 / self.scale
+
+    def quantise(self, values: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Float array -> uint32 ring elements (two's complement). Refuses NaN and infinities."""
+        scaled = np.asarray(values).astype(np.float64)  # a copy, worked on in place below
+        if not np.all(np.isfinite(scaled)):
+            raise ValueError("an update to quantise holds NaN or infinity")
+        np.clip(scaled, -self.clip, self.clip, out=scaled)
+        scaled *= self.scale
+        if self.stochastic:
+            rng = rng if rng is not None else np.random.default_rng()
+            scaled += rng.random(scaled.shape)
+            np.floor(scaled, out=scaled)
+        else:
+            np.rint(scaled, out=scaled)
+        # clip * scale is the integer bound up to a rounding of the product: keep it from stepping past.
+        np.clip(scaled, -self.bound, self.bound, out=scaled)
+        return scaled.astype(np.int32).view(np.uint32)
+
+    def dequantise_sum(self, total: np.ndarray, count: int) -> np.ndarray:
+        """The ring sum of ``count`` quantised updates -> their float64 sum."""
+        if not 0 <= count <= self.max_summands:
+            raise ValueError(f"{count} summands exceed the declared max_summands {self.max_summands}")
+        return np.asarray(total, dtype=np.uint32).view(np.int32).astype(np.float64) / self.scale
+
+    def dequantise_mean(self, total: np.ndarray, count: int) -> np.ndarray:
+        if count < 1:
+            raise ValueError("the mean of no updates")
+        return self.dequantise_sum(total, count) / count

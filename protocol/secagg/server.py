@@ -1,0 +1,199 @@
+"""The server's side of a SecAgg+ round: relays keys and sealed bundles, sums masked inputs as they
+arrive (it keeps the running sum, never an agent's vector), then removes the masks.
+
+Sets, as in Bonawitz et al.: U1 advertised, U2 shared (bundles relayed), U3 uploaded a masked input
+(the survivors), U4 answered the unmasking request. The self-mask of every survivor is rebuilt from
+its neighbours' shares; for every agent that shared but did not upload, its mask private key is
+rebuilt and the pairwise masks its surviving neighbours added are removed. Once U3 is fixed, a late
+upload is refused: its sender's key may already be revealed, and its self-mask never will be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from protocol.secagg import shamir
+from protocol.secagg.config import RoundConfig
+from protocol.secagg.errors import SecAggAborted, SecAggRefused
+from protocol.secagg.keys import KEY_BYTES, KeyPair, mask_seed
+from protocol.secagg.messages import BUNDLE_BYTES, Advertisement, UnmaskRequest, UnmaskResponse, seed_commitment
+from protocol.secagg.prg import add_mask
+
+STAGES = ("advertise", "share", "mask", "unmask", "done")
+
+
+class SecAggServer:
+    def __init__(self, config: RoundConfig) -> None:
+        self.config = config
+        self.stage = "advertise"
+        self.advertised: dict[str, Advertisement] = {}  # U1
+        self._bundles: dict[str, dict[str, bytes]] = {}  # U2: sender -> recipient -> bundle
+        self._inbox: dict[str, dict[str, bytes]] = {}  # recipient -> sender -> bundle (senders whose shares it holds)
+        self.survivors: frozenset[str] = frozenset()  # U3, fixed at close_masking
+        self._uploaded: set[str] = set()
+        self._total = np.zeros(config.n_params, dtype=np.uint32)
+        self._responses: dict[str, UnmaskResponse] = {}  # U4
+        self.recovered: frozenset[str] = frozenset()  # agents whose pairwise masks were removed
+
+    @property
+    def shared(self) -> frozenset[str]:
+        return frozenset(self._bundles)
+
+    @property
+    def dropped(self) -> frozenset[str]:
+        """Agents that shared but whose input is not in the sum (U2 minus U3)."""
+        return self.shared - self.survivors
+
+    def _expect(self, stage: str, what: str, sender: str) -> None:
+        if self.stage != stage:
+            late = STAGES.index(self.stage) > STAGES.index(stage)
+            raise SecAggRefused(f"{what} from {sender!r} {'too late' if late else 'too early'}: "
+                                f"the round is at stage {self.stage!r}")
+        if not self.config.selected(sender):
+            raise SecAggRefused(f"{what} from {sender!r}, not selected for this round")
+
+    def _neighbours(self, agent: str, among: Iterable[str]) -> set[str]:
+        return set(self.config.neighbours_of(agent)) & set(among)
+
+    # Stage 1: advertise keys.
+    def receive_advertisement(self, ad: Advertisement) -> None:
+        self._expect("advertise", "an advertisement", ad.agent)
+        if ad.agent in self.advertised:
+            raise SecAggRefused(f"a second advertisement from {ad.agent!r}")
+        fields = (ad.encryption_key, ad.mask_key, ad.self_mask_commitment)
+        if not all(isinstance(f, bytes) and len(f) == KEY_BYTES for f in fields):
+            raise SecAggRefused(f"an advertisement from {ad.agent!r} with a field not of {KEY_BYTES} bytes")
+        self.advertised[ad.agent] = ad
+
+    def close_advertising(self) -> dict[str, dict[str, Advertisement]]:
+        """U1 is fixed: for each agent of U1, the advertisements of its neighbours in U1 (and its own)."""
+        self._require(len(self.advertised), "advertise", "agents advertised keys")
+        self.stage = "share"
+        return {agent: {peer: self.advertised[peer] for peer in self._neighbours(agent, self.advertised) | {agent}}
+                for agent in self.advertised}
+
+    # Stage 2: share keys.
+    def receive_shares(self, sender: str, bundles: dict[str, bytes]) -> None:
+        self._expect("share", "share bundles", sender)
+        if sender not in self.advertised or sender in self._bundles:
+            raise SecAggRefused(f"share bundles from {sender!r}, which did not advertise or already shared")
+        # Every advertised neighbour must get one, or the pairwise masks would not cancel.
+        if set(bundles) != self._neighbours(sender, self.advertised):
+            raise SecAggRefused(f"share bundles from {sender!r} not addressed to exactly its advertised neighbours")
+        if not all(isinstance(b, bytes) and len(b) == BUNDLE_BYTES for b in bundles.values()):
+            raise SecAggRefused(f"a share bundle from {sender!r} not of {BUNDLE_BYTES} bytes")
+        self._bundles[sender] = dict(bundles)
+
+    def close_sharing(self) -> dict[str, dict[str, bytes]]:
+        """U2 is fixed: for each agent of U2, the bundles addressed to it by other agents of U2."""
+        self._require(len(self._bundles), "share", "agents shared keys")
+        self.stage = "mask"
+        self._inbox = {agent: {} for agent in self._bundles}
+        for sender, bundles in self._bundles.items():
+            for recipient, bundle in bundles.items():
+                if recipient in self._inbox:
+                    self._inbox[recipient][sender] = bundle
+        return self._inbox
+
+    # Stage 3: masked input.
+    def receive_masked_input(self, sender: str, masked: np.ndarray) -> None:
+        self._expect("mask", "a masked input", sender)
+        if sender not in self._bundles or sender in self._uploaded:
+            raise SecAggRefused(f"a masked input from {sender!r}, which did not share or already uploaded")
+        if not isinstance(masked, np.ndarray) or masked.dtype != np.uint32 or masked.shape != (self.config.n_params,):
+            raise SecAggRefused(f"a masked input from {sender!r} is not uint32[{self.config.n_params}]")
+        np.add(self._total, masked, out=self._total)  # summed at once: no agent's vector is kept
+        self._uploaded.add(sender)
+
+    def close_masking(self) -> UnmaskRequest:
+        """U3 is fixed. Aborts here, before any share is revealed, if the survivors cannot unmask."""
+        self._require(len(self._uploaded), "mask", "agents uploaded a masked input")
+        self.survivors = frozenset(self._uploaded)
+        for agent in sorted(self.shared):
+            holders = self._neighbours(agent, self._bundles[agent]) & self.survivors
+            needed = agent in self.survivors or holders  # a dropped agent with no surviving neighbour added no mask
+            if needed and len(holders) < self.config.threshold:
+                raise SecAggAborted("mask", f"{agent!r} has {len(holders)} surviving neighbours holding its shares, "
+                                            f"fewer than the threshold {self.config.threshold}")
+        self.stage = "unmask"
+        return UnmaskRequest(self.survivors)
+
+    # Stage 4: unmasking.
+    def receive_unmask_response(self, response: UnmaskResponse) -> None:
+        sender = response.agent
+        self._expect("unmask", "an unmasking response", sender)
+        if sender not in self.survivors or sender in self._responses:
+            raise SecAggRefused(f"an unmasking response from {sender!r}, not a survivor or a second one")
+        held = set(self._inbox[sender])
+        if set(response.self_mask_shares) != held & self.survivors or set(response.key_shares) != held - self.survivors:
+            raise SecAggRefused(f"an unmasking response from {sender!r} that does not match the request")
+        for share in (*response.self_mask_shares.values(), *response.key_shares.values()):
+            if (not isinstance(share, np.ndarray) or share.dtype != np.uint32 or share.shape != (shamir.CHUNKS,)
+                    or np.any(share >= shamir.P)):
+                raise SecAggRefused(f"an unmasking response from {sender!r} with a malformed share")
+        self._responses[sender] = response
+
+    def finish(self) -> np.ndarray:
+        """The unmasked sum (uint32 ring elements) of the survivors' inputs."""
+        if self.stage != "unmask":
+            raise SecAggAborted("unmask", f"finish called at stage {self.stage!r}")
+        self._require(len(self._responses), "unmask", "survivors answered the unmasking request")
+        survivors, dropped = sorted(self.survivors), sorted(a for a in self.dropped if self._recoverable(a))
+        seeds = self._recover(survivors, "self-mask seed", lambda r: r.self_mask_shares)
+        keys = self._recover(dropped, "mask key", lambda r: r.key_shares)
+        for agent, seed in zip(survivors, seeds, strict=True):
+            if seed_commitment(self.config.context, seed) != self.advertised[agent].self_mask_commitment:
+                raise SecAggAborted("unmask", f"the shares of {agent!r}'s self-mask seed open to another seed")
+        total = self._total.copy()
+        for seed in seeds:
+            add_mask(total, seed, -1, self.config.prg)
+        for agent, raw in zip(dropped, keys, strict=True):
+            key = KeyPair.from_private_bytes(raw)
+            if key.public != self.advertised[agent].mask_key:
+                raise SecAggAborted("unmask", f"the shares of {agent!r}'s mask key open to another key")
+            u = self.config.position(agent)
+            for peer in self._neighbours(agent, self._bundles[agent]) & self.survivors:
+                v = self.config.position(peer)
+                try:
+                    seed = mask_seed(key.private, self.advertised[peer].mask_key, self.config.context, u, v)
+                except ValueError as exc:  # a low-order key from the peer
+                    raise SecAggAborted("unmask", f"{peer!r}'s mask key: {exc}") from exc
+                add_mask(total, seed, -1 if v < u else +1, self.config.prg)  # undo what the survivor added
+        self.recovered = frozenset(dropped)
+        self.stage = "done"
+        self._responses.clear()
+        return total
+
+    def _recoverable(self, agent: str) -> bool:
+        return bool(self._neighbours(agent, self._bundles[agent]) & self.survivors)
+
+    def _recover(self, agents: list[str], what: str,
+                 pick: Callable[[UnmaskResponse], dict[str, np.ndarray]]) -> list[bytes]:
+        """Rebuild one secret per agent from the first ``threshold`` shares the responses hold."""
+        t = self.config.threshold
+        if not agents:
+            return []
+        found_by_agent: dict[str, list[tuple[int, np.ndarray]]] = {agent: [] for agent in agents}
+        for holder, response in self._responses.items():
+            for agent, share in pick(response).items():
+                if agent in found_by_agent:
+                    found_by_agent[agent].append((self.config.position(holder) + 1, share))
+        xs = np.zeros((len(agents), t), dtype=np.uint64)
+        ys = np.zeros((len(agents), t, shamir.CHUNKS), dtype=np.uint64)
+        for row, agent in enumerate(agents):
+            found = sorted(found_by_agent[agent], key=lambda item: item[0])[:t]
+            if len(found) < t:
+                raise SecAggAborted("unmask", f"{len(found)} shares of {agent!r}'s {what} arrived, "
+                                              f"fewer than the threshold {t}")
+            xs[row] = [x for x, _ in found]
+            ys[row] = [share for _, share in found]
+        try:
+            return shamir.combine(xs, ys)
+        except ValueError as exc:
+            raise SecAggAborted("unmask", f"{what}s: {exc}") from exc
+
+    def _require(self, count: int, stage: str, what: str) -> None:
+        if count < self.config.threshold:
+            raise SecAggAborted(stage, f"{count} {what}, fewer than the threshold {self.config.threshold}")

@@ -1,0 +1,198 @@
+"""Site aggregators and the root, engines driven directly (no broker): what crosses a bridge is what the
+root's outbox and the sites' outgoing lists hold, handed over by the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from coordinator.app.driver import EngineDriver
+from coordinator.fleet.enrollment import enroll
+from coordinator.sites.engine import SiteEngine
+from coordinator.sites.settings import SiteSettings
+from coordinator.telemetry.metrics import CoordinatorMetrics
+from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.partials import PartialAggregate
+from protocol.security.signing import SigningKey
+from protocol.wire import decode_message, encode_message
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, make_engine, rejected, weights
+
+PLAIN_MEAN = {"claim_cap_multiple": 0, "max_norm_ratio": 0, "rounds": 2}
+"""The sample-weighted mean with no median-based bounds (those are each site's own; see docs)."""
+SITES = {"s1": ["a1"], "s2": ["b1", "b2"], "s3": ["c1", "c2", "c3", "c4"]}
+"""An uneven split: 1, 2 and 4 agents."""
+SAMPLES = {"a1": 5, "b1": 40, "b2": 7, "c1": 13, "c2": 1, "c3": 22, "c4": 9}
+
+
+def site_engine(tmp_path: Path, site_id: str, clock: Clock, signing_key: SigningKey | None = None,
+                **overrides: object) -> SiteEngine:
+    settings = SiteSettings(federation="t", site_id=site_id, state_dir=tmp_path / site_id, round_deadline_s=10.0,
+                            min_available_agents=2, min_fit_agents=2, **{"enrollment": "open", **PLAIN_MEAN, **overrides})
+    return SiteEngine(settings, CoordinatorMetrics(CollectorRegistry()), signing_key=signing_key,
+                      coordinator_key=None, clock=clock, wall_clock=clock)
+
+
+def answer(announcement: RoundAnnouncement, agent_id: str, run_id: str, payload: dict[str, np.ndarray]) -> Update:
+    ref = announcement.states.get("f")
+    if announcement.task == "evaluate":
+        fields: dict[str, object] = {}
+    else:
+        fields = {"weights": payload} if ref is None else {"delta": payload}
+    return Update(run_id=run_id, agent_id=agent_id, round=announcement.round, task=announcement.task, task_ref=DIGITS,
+                  family="f", base_digest=ref.digest if ref else None, num_samples=SAMPLES[agent_id],
+                  metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2), **fields)
+
+
+def payload_of(agent_id: str, round_number: int, task: str) -> dict[str, np.ndarray]:
+    if round_number == 1:
+        return weights(1.0)  # the seeded first state every agent proposes alike
+    rng = np.random.default_rng([round_number, sum(map(ord, agent_id))])
+    return {name: rng.standard_normal(a.shape).astype(np.float32) for name, a in weights(0.0).items()}
+
+
+def run_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None, rounds: int) -> None:  # type: ignore[no-untyped-def]
+    """``rounds`` rounds of every agent answering: through its site's aggregator, or (flat) to the root."""
+    for _ in range(rounds):
+        root.tick()
+        payload = outbox.last(TOPICS.rounds_current)
+        announcement = decode_message(payload, RoundAnnouncement)
+        for site_id, agents in SITES.items():
+            site = sites[site_id] if sites else None
+            if site is not None:
+                site.on_message(TOPICS.rounds_current, payload)  # down the bridge
+            for agent_id in agents:
+                message = answer(announcement, agent_id, root.run.run_id,
+                                 payload_of(agent_id, announcement.round, announcement.task))
+                target = site if site is not None else root
+                target.on_message(TOPICS.update(agent_id, announcement.round), encode_message(message))
+            if site is not None:
+                _, out = site.tick()  # every agent of the site answered: it closes at once
+                assert out, f"site {site_id} published nothing"
+                for topic, partial in out:  # up the bridge
+                    root.on_message(topic, partial)
+        root.tick()  # everyone accounted for: closes without waiting for the deadline
+        assert root.last_summary is not None and root.last_summary.round == announcement.round
+        assert root.last_summary.outcome == "completed", root.last_summary
+
+
+def setup(tmp_path: Path, name: str, with_sites: bool, **overrides: object):  # type: ignore[no-untyped-def]
+    clock = Clock()
+    root, outbox, metrics = make_engine(tmp_path / name, clock, **{**PLAIN_MEAN, **overrides})
+    sites = {s: site_engine(tmp_path / name, s, clock) for s in SITES} if with_sites else None
+    for site_id, agents in SITES.items():
+        for agent_id in agents:
+            hello(root, agent_id, samples=SAMPLES[agent_id])  # statuses go up the bridge: the root selects
+            if sites:
+                hello(sites[site_id], agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+    return root, outbox, metrics, sites
+
+
+def test_the_mean_over_sites_equals_flat_fedavg_over_the_same_updates(tmp_path: Path) -> None:
+    flat, flat_out, _, _ = setup(tmp_path, "flat", with_sites=False)
+    root, root_out, metrics, sites = setup(tmp_path, "sites", with_sites=True)
+    run_rounds(flat, flat_out, None, 3)  # a bootstrap round, a delta round, the final evaluation
+    run_rounds(root, root_out, sites, 3)
+    expected = decode_message(flat_out.last(TOPICS.global_state("f", 3)), GlobalState)
+    got = decode_message(root_out.last(TOPICS.global_state("f", 3)), GlobalState)
+    first = weights(1.0)
+    for name, value in expected.weights.items():
+        np.testing.assert_allclose(got.weights[name], value, rtol=1e-6, atol=1e-7)
+        assert not np.allclose(value, first[name])  # the delta round moved the model
+    # and the mean itself, in float64, to float64 rounding: sum_i n_i d_i / sum_i n_i
+    total = sum(SAMPLES.values())
+    for name in first:
+        mean = sum(SAMPLES[a] * payload_of(a, 2, "train")[name].astype(np.float64) for a in SAMPLES) / total
+        np.testing.assert_allclose(got.weights[name], (first[name] + mean).astype(np.float32), rtol=1e-6, atol=1e-7)
+    summary = root.last_summary
+    assert summary.task == "evaluate" and summary.answered == len(SAMPLES) and summary.stragglers == 0
+    assert summary.sites == {s: {"accepted": len(a), "rejected": 0, "stragglers": 0, "bytes": summary.sites[s]["bytes"]}
+                             for s, a in SITES.items()}
+    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "completed"}) == 3
+
+
+def test_a_sites_rejects_and_stragglers_reach_the_root_and_nothing_counts_twice(tmp_path: Path) -> None:
+    clock = Clock()
+    root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    site = site_engine(tmp_path, "s3", clock)
+    for agent_id in SITES["s3"]:
+        hello(root, agent_id, samples=SAMPLES[agent_id]), hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site.on_message(TOPICS.rounds_current, payload)
+    good = answer(announcement, "c1", root.run.run_id, weights(1.0))
+    site.on_message(TOPICS.update("c1", 1), encode_message(good))
+    site.on_message(TOPICS.update("c2", 1), encode_message(good.model_copy(update={"agent_id": "c2", "run_id": "x"})))
+    site.on_message(TOPICS.update("c3", 1), encode_message(answer(announcement, "c3", root.run.run_id, weights(1.0))))
+    _, out = site.tick()
+    assert out == []  # c4 has not answered and the site's deadline is not there yet
+    clock.now += 0.8 * 10.0  # the site's deadline: 0.8 of the round's
+    _, out = site.tick()
+    (topic, sent), = out
+    partial = decode_message(sent, PartialAggregate)
+    assert {a: o.outcome for a, o in partial.outcomes.items()} == {
+        "c1": "accepted", "c2": "rejected", "c3": "accepted", "c4": "straggler"}
+    assert partial.outcomes["c2"].reason == "wrong_run" and partial.count == 2
+    root.on_message(topic, sent)
+    root.on_message(topic, sent)  # a resent copy: refused whole
+    assert rejected(metrics, "duplicate", kind="partial") == 1
+    root.tick()  # every selected agent is accounted for: the round closes before the root's deadline
+    summary = root.last_summary
+    assert summary.outcome == "completed" and summary.answered == 2
+    assert summary.stragglers == 1 and summary.rejected == 1  # c4; c2, rejected at the site for its run id
+    assert summary.sites["s3"] == {"accepted": 2, "rejected": 1, "stragglers": 1, "bytes": summary.sites["s3"]["bytes"]}
+    assert rejected(metrics, "wrong_run") == 1
+
+
+def test_the_root_takes_partials_only_from_enrolled_site_keys(tmp_path: Path) -> None:
+    clock = Clock()
+    state = tmp_path / "state"
+    agent_keys = {a: SigningKey.generate() for a in ("c1", "c2")}
+    site_key, stranger = SigningKey.generate(), SigningKey.generate()
+    for agent_id, key in agent_keys.items():
+        enroll(state / "enrolled.json", agent_id, key.public_key, None)
+    enroll(state / "enrolled.json", "s3", site_key.public_key, None)
+    root, outbox, metrics = make_engine(tmp_path, clock, enrollment="required", **PLAIN_MEAN)
+    site = site_engine(tmp_path, "s3", clock, signing_key=stranger, enrollment="required",
+                       enrolled_agents_file=state / "enrolled.json")
+    for agent_id, key in agent_keys.items():
+        status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family="f", num_samples=SAMPLES[agent_id],
+                             num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
+        signed = encode_message(key.seal(encode_message(status)))
+        root.on_message(TOPICS.agent_status(agent_id), signed), site.on_message(TOPICS.agent_status(agent_id), signed)
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site.on_message(TOPICS.rounds_current, payload)
+    for agent_id, key in agent_keys.items():
+        message = answer(announcement, agent_id, root.run.run_id, weights(1.0))
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(key.seal(encode_message(message))))
+    _, out = site.tick()
+    (topic, forged), = out
+    root.on_message(topic, forged)  # signed by a key the root never enrolled for s3
+    assert rejected(metrics, "unknown_signer", kind="partial") == 1 and root.open.updates == {}
+    site.signing_key = site_key
+    site.round, site.next_round = None, 1
+    site.on_message(TOPICS.rounds_current, payload)
+    for agent_id, key in agent_keys.items():
+        message = answer(announcement, agent_id, root.run.run_id, weights(1.0))
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(key.seal(encode_message(message))))
+    _, out = site.tick()
+    root.on_message(*out[0])
+    assert set(root.open.updates) == {"c1", "c2"}
+
+
+@pytest.mark.parametrize("field, value, reason", [("run_id", "other", "wrong_run"), ("round", 7, "topic_mismatch")])
+def test_a_partial_of_another_run_or_round_is_refused(tmp_path: Path, field: str, value: object, reason: str) -> None:
+    clock = Clock()
+    root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    hello(root, "a"), hello(root, "b")
+    root.tick()
+    partial = PartialAggregate(run_id=root.run.run_id, site_id="s1", round=1, family="f", base_digest=None,
+                               total_weight=0.0, count=0, outcomes={})
+    root.on_message(TOPICS.partial("s1", 1), encode_message(partial.model_copy(update={field: value})))
+    assert rejected(metrics, reason, kind="partial") == 1
