@@ -70,7 +70,11 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     assert metric(samples, "fl_update_staleness_versions_count") == accepted - evaluated
     assert len(train) - (accepted - evaluated) == rejected["too_stale"] + rejected["late"] + rejected["stale_base"]
     dp = [u for u in train if u.agent_id == "phone-2"]
-    assert dp and all(u.privacy is not None and u.privacy.epsilon > 0 for u in dp)
+    assert dp and all(u.privacy is not None for u in dp)
+    # A bootstrap proposal is the seeded model, untrained: it touches no data and spends nothing.
+    trained = [u for u in dp if not u.weights]
+    assert trained and all(u.privacy.epsilon > 0 for u in trained)  # type: ignore[union-attr]
+    assert all(u.privacy.epsilon == 0 and u.metrics.steps == 0 for u in dp if u.weights)  # type: ignore[union-attr]
 
 
 def test_a_replayed_update_counts_once(tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
