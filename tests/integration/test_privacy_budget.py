@@ -49,8 +49,9 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
     run_dir = tmp_path / "run"
     spec = FleetSpec(agents=[AgentSpec("dp-0", "phone", 0), AgentSpec("plain-1", "phone", 1)], partition="iid")
 
-    # Run A: one round, the DP agent alone.
-    run_a = Fleet(run_dir, mosquitto.url, spec, {**COMMON, "rounds": 1, "evaluate_final": False},
+    # Run A: two rounds, the DP agent alone. Round 1 bootstraps: its proposal is the seeded model, untrained,
+    # which spends nothing; round 2 trains under DP-SGD and spends.
+    run_a = Fleet(run_dir, mosquitto.url, spec, {**COMMON, "rounds": 2, "evaluate_final": False},
                   federation=FEDERATION)
     run_a.agents["dp-0"].env.update(DP_ENV)
     try:
@@ -61,14 +62,15 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
         assert run_a.agents["dp-0"].wait(60) == 0, run_a.agents["dp-0"].log_tail()
     finally:
         run_a.stop()
-    (first,) = since(recorder, 0.0, "update", "dp-0")
+    proposal, first = since(recorder, 0.0, "update", "dp-0")
+    assert proposal.weights and proposal.privacy is not None and proposal.privacy.epsilon == 0
     assert first.privacy is not None and first.privacy.epsilon > 0 and not first.privacy.exhausted
     run_a_id = first.run_id
 
     # Run B: a new coordinator state dir, so a new run; the agent's state dir is the same.
     http_port = free_port()
     run_b = Fleet(run_dir, mosquitto.url, spec, {
-        **COMMON, "rounds": 3, "state_dir": run_dir / "coordinator-b", "http_port": http_port,
+        **COMMON, "rounds": 4, "state_dir": run_dir / "coordinator-b", "http_port": http_port,
         "exit_when_finished": False}, federation=FEDERATION)
     run_b.agents["dp-0"].env.update(DP_ENV)
     phase_b = time.monotonic()
@@ -84,9 +86,10 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
         assert rebooted.privacy is not None
         assert rebooted.privacy.epsilon == first.privacy.epsilon  # restored, not reset by the reboot or the run
 
-        wait_until(lambda: since(recorder, phase_b, "update", "dp-0"), 180, "the DP agent's run B update")
-        (second,) = since(recorder, phase_b, "update", "dp-0")
-        assert second.run_id != run_a_id and second.round == 1
+        wait_until(lambda: len(since(recorder, phase_b, "update", "dp-0")) == 2, 180, "the DP agent's run B updates")
+        bootstrap, second = since(recorder, phase_b, "update", "dp-0")
+        assert bootstrap.weights and bootstrap.privacy == rebooted.privacy  # run B bootstraps too: nothing spent
+        assert second.run_id != run_a_id and second.round == 2
         assert second.privacy is not None and second.privacy.epsilon > first.privacy.epsilon
         assert second.privacy.exhausted and second.privacy.epsilon <= 4.0  # the two planned rounds are spent
         wait_until(lambda: any(s.state == "budget_exhausted" for s in since(recorder, phase_b, "agent_status", "dp-0")),
@@ -94,7 +97,7 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
 
         exhausted_at = time.monotonic()
         run_b.agents["plain-1"].start()
-        rounds = wait_for_rounds(run_b, 4, 300, path=run_dir / "coordinator-b" / "rounds.jsonl")  # 3 and the evaluation
+        rounds = wait_for_rounds(run_b, 5, 300, path=run_dir / "coordinator-b" / "rounds.jsonl")  # 4 and the evaluation
         samples = scrape(http_port)
         assert run_b.agents["plain-1"].wait(60) == 0, run_b.agents["plain-1"].log_tail()
         assert run_b.agents["dp-0"].wait(60) == 0, run_b.agents["dp-0"].log_tail()
@@ -109,24 +112,25 @@ def test_budget_survives_restarts_and_runs_and_a_spent_agent_is_not_selected(
     # The coordinator did not select the spent agent to train again, though it stayed connected and said so;
     # it still scored the final model on its held-out data, which spends no budget.
     announcements = {a.round: a for a in since(recorder, phase_b, "round") if a.run_id == second.run_id}
-    assert announcements[1].selected == ["dp-0"]
-    assert [(announcements[r].task, announcements[r].selected) for r in (2, 3)] == [("train", ["plain-1"])] * 2
-    assert (announcements[4].task, announcements[4].selected) == ("evaluate", ["dp-0", "plain-1"])
+    assert announcements[1].selected == announcements[2].selected == ["dp-0"]
+    assert [(announcements[r].task, announcements[r].selected) for r in (3, 4)] == [("train", ["plain-1"])] * 2
+    assert (announcements[5].task, announcements[5].selected) == ("evaluate", ["dp-0", "plain-1"])
     heard = since(recorder, exhausted_at, "agent_status", "dp-0")
     assert heard and all(s.state == "budget_exhausted" and s.privacy is not None and s.privacy.exhausted
                          and s.privacy.epsilon == second.privacy.epsilon for s in heard)
     answers = since(recorder, phase_b, "update", "dp-0")
-    assert [(u.round, u.task) for u in answers] == [(1, "train"), (4, "evaluate")]
-    assert answers[1].privacy == second.privacy and not answers[1].delta and not answers[1].weights
+    assert [(u.round, u.task) for u in answers] == [(1, "train"), (2, "train"), (5, "evaluate")]
+    assert answers[2].privacy == second.privacy and not answers[2].delta and not answers[2].weights
     assert "this agent stops training" in run_b.agents["dp-0"].log_path.read_text()
 
     # Exported by device class and over the fleet, and written in the round summaries.
     assert metric(samples, "fl_privacy_epsilon", device="phone") == pytest.approx(second.privacy.epsilon)
     assert metric(samples, "fl_privacy_epsilon_max") == pytest.approx(second.privacy.epsilon)
     assert metric(samples, "fl_privacy_budget_exhausted_agents", device="phone") == 1.0
-    assert_all_completed(rounds, 4)
+    assert_all_completed(rounds, 5)
+    assert rounds[0]["epsilon_max"] == pytest.approx(first.privacy.epsilon)  # the bootstrap round spent nothing
     assert all(r["epsilon_max"] == pytest.approx(second.privacy.epsilon) and r["budget_exhausted"] == 1
-               for r in rounds)
+               for r in rounds[1:])
 
     (last,) = [s for s in since(recorder, phase_c, "agent_status", "dp-0") if s.state != "offline"][:1]
     assert last.state == "budget_exhausted" and last.privacy is not None

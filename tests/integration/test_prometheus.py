@@ -155,9 +155,12 @@ def check_dashboard(prometheus: PrometheusServer, start: float, end: float, roun
     assert all(0.0 <= v <= 1.0 for v in values("Accuracy by model family"))
     assert {s["metric"]["family"] for s in results["Accuracy by model family"][0]} == {"all", "mlp_tiny", "cnn_small"}
     # Every known reason is exported from the start (at 0), so the first drops show as an increase.
-    rejected = {(s["metric"]["kind"], s["metric"]["reason"]) for s in results["Rejected messages by reason"][0]
+    rejected = {(s["metric"]["kind"], s["metric"]["reason"]) for s in results["Rejected messages by reason, and notices sent"][0]
                 if any(float(v[1]) > 0 for v in s["values"])}
     assert rejected == {("update", "unknown_signer")}
+    # Garbage from an unknown sender earns no notice: only authenticated agents are told why they were refused.
+    assert all(float(v[1]) == 0 for s in results["Rejected messages by reason, and notices sent"][1]
+               for v in s["values"])
     assert {s["metric"]["kind"] for s in results["Bytes by message kind"][0]} >= {"update", "agent_status"}
     assert {s["metric"]["kind"] for s in results["Bytes by message kind"][1]} >= {"global_state", "round"}
     assert prometheus.query(f'fl_rounds_total{{job="{JOB}", outcome="completed"}}', at=end)[0]["value"][1] == str(

@@ -49,7 +49,7 @@ def test_three_rounds_over_the_wire(tmp_path: Path, mosquitto: MosquittoBroker, 
     # Everything on the wire is signed: the coordinator's messages with its key, each agent's with its own.
     keys = fleet_keys(fleet)
     for parsed, message in seen:
-        if message.payload and parsed.kind in ("coordinator_status", "round", "global_state"):
+        if message.payload and parsed.kind in ("coordinator_status", "round", "global_state", "task", "notice"):
             assert signer_of(message.payload, keys) == "coordinator", message.topic
         elif message.payload:
             assert signer_of(message.payload, keys) == parsed.agent_id, message.topic
