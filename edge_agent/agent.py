@@ -38,10 +38,7 @@ import secrets
 import threading
 import time
 from collections import Counter
-from functools import cached_property
 from typing import Any
-
-import numpy as np
 
 from edge_agent.coordinator_notes import CoordinatorNotes
 from edge_agent.freshness import Freshness
@@ -168,23 +165,9 @@ class EdgeAgent:
             reconnects=self._link.reconnects if self._link is not None else 0, rejected=sum(self.rejected.values()),
             denied=self._link.denials if self._link is not None else 0,
             task_ref=self.worker.task.card.ref, layout=self.worker.layout, problem=self.problem or self.notes.card_problem,
-            label_counts=self.label_counts, epoch=self.freshness.process_epoch,
+            label_counts=self.worker.label_counts, epoch=self.freshness.process_epoch,
             seq=0 if will else self.freshness.next_seq(), notice=self.notes.notice,
         )
-
-    @cached_property
-    def label_counts(self) -> np.ndarray | None:
-        """Training samples per class (the task's label space), computed once: the data never changes.
-
-        None for a regression task, and None under DP: a histogram of the raw training records is not
-        covered by DP-SGD (its guarantee is about the noised gradients), and noising it through the
-        ledger would spend budget on a statistic the training does not need, so a DP agent leaves it
-        out and the coordinator weights it as if it sat at the federation's label distribution.
-        """
-        train = self.worker.data.train
-        if self.worker.privacy is not None or not train.num_classes:
-            return None
-        return np.bincount(train.y, minlength=train.num_classes).astype(np.int64, copy=False)
 
     def _publish_status(self) -> None:
         assert self._link is not None

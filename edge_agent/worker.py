@@ -6,6 +6,7 @@ import logging
 import math
 import zlib
 from collections.abc import Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -67,6 +68,20 @@ class LocalWorker:
         """The compressor kinds this device uses (default: every registered one); a round asking for
         another is answered uncompressed."""
         self._declined: str | None = None
+
+    @cached_property
+    def label_counts(self) -> np.ndarray | None:
+        """Training samples per class (the task's label space), computed once: the data never changes.
+
+        None for a regression task, and None under DP: a histogram of the raw training records is not
+        covered by DP-SGD (its guarantee is about the noised gradients), and noising it through the
+        ledger would spend budget on a statistic the training does not need, so a DP agent leaves it
+        out and the coordinator weights it as if it sat at the federation's label distribution.
+        """
+        train = self.data.train
+        if self.privacy is not None or not train.num_classes:
+            return None
+        return np.bincount(train.y, minlength=train.num_classes).astype(np.int64, copy=False)
 
     def refusal(self, announcement: RoundAnnouncement) -> str | None:
         """Why this agent cannot take part in ``announcement``'s rounds (task, version, an algorithm it

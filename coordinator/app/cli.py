@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -29,15 +31,20 @@ def _root(version: bool = version_option("coordinator")) -> None:
     """Federated learning coordinator for edge fleets over MQTT."""
 
 
-def run(settings: CoordinatorSettings) -> int:
-    """Run the coordinator until stopped (SIGTERM/SIGINT) or, with --exit-when-finished, the run ends."""
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from coordinator.app.service import CoordinatorService
-
+def _serve(log_level: str, service: Callable[[], Any]) -> int:
+    """Log at ``log_level`` and run the service ``service()`` builds until SIGTERM or SIGINT (or it ends)."""
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return CoordinatorService(settings).run(stop)
+    return int(service().run(stop))
+
+
+def run(settings: CoordinatorSettings) -> int:
+    """Run the coordinator until stopped (SIGTERM/SIGINT) or, with --exit-when-finished, the run ends."""
+    from coordinator.app.service import CoordinatorService
+
+    return _serve(settings.log_level, lambda: CoordinatorService(settings))
 
 
 app.command("run", short_help="Run the coordinator until stopped, or until the run ends.")(
@@ -46,13 +53,9 @@ app.command("run", short_help="Run the coordinator until stopped, or until the r
 
 def site(settings: SiteSettings) -> int:
     """Run a site aggregator until stopped: fold the site's agents' updates into partial aggregates for the root."""
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from coordinator.sites.service import SiteService
 
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return SiteService(settings).run(stop)
+    return _serve(settings.log_level, lambda: SiteService(settings))
 
 
 app.command("site", short_help="Run a site aggregator behind a bridged site broker (sync FedAvg/FedProx, mean).")(

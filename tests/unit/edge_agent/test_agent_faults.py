@@ -33,6 +33,7 @@ class FakeWorker:
     privacy = None
     task = SimpleNamespace(card=BUILTIN_CARDS["digits"])
     layout = layout({"w": np.ones(3, np.float32)})
+    label_counts = np.bincount(data.train.y, minlength=10)
 
     def refusal(self, announcement: RoundAnnouncement) -> str | None:
         return None
