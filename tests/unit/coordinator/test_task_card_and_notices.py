@@ -141,3 +141,17 @@ def test_notice_limiter_and_duplicate_watch_on_their_own() -> None:
     assert watch.check("x", "s2", 5, 1, ("s1", 5)) is not None  # two processes at one epoch
     assert watch.check("y", "s1", 5, 0, ("s2", 6)) is None  # a last will says nothing
     assert watch.check("z", None, 0, 4, ("s2", 6)) is None  # an agent predating sessions
+
+
+def test_a_checkpoint_trained_with_another_layout_than_the_card_declares_refuses_to_resume(tmp_path: Path) -> None:
+    import pytest
+
+    from coordinator.admission.task_agreement import TaskAgreement
+    from protocol.tasks import load_task_card
+
+    agreement = TaskAgreement(load_task_card(str(card_file(tmp_path))))
+    saved = {"name": "digits", "version": "1", "layouts": {"f": "1" * 32}}
+    with pytest.raises(ValueError, match=f"family f was trained with layout {'1' * 32}, the task card declares {LAYOUT}"):
+        agreement.load_state_dict(saved, "state")
+    agreement.load_state_dict({**saved, "layouts": {"f": LAYOUT, "g": "2" * 32}}, "state")  # agreeing: resumed
+    assert agreement.layouts == {"f": LAYOUT, "g": "2" * 32}
