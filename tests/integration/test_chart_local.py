@@ -10,8 +10,6 @@ directories, Services are 127.0.0.1 on free ports, and mosquitto keeps the local
 from __future__ import annotations
 
 import getpass
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ from launcher.broker import free_port, wait_for_port
 from protocol.messages import CoordinatorStatus
 from tests.chart import FULLNAME, render
 from tests.integration.pod import LocalPod
-from tests.integration.wire import WireRecorder, decode_wire, wait_until
+from tests.integration.wire import WireRecorder, decode_wire, http_status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -30,16 +28,6 @@ VALUES = {
     "broker": {"password": "coordinator-password"},
     "mosquitto": {"agents": [{"username": "jetson-0", "password": "jetson-0-password"}]},
 }
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
 def test_rendered_broker_and_coordinator_start_and_answer_their_probes(tmp_path: Path) -> None:

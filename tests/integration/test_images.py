@@ -18,8 +18,6 @@ from __future__ import annotations
 import resource
 import shutil
 import subprocess
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +28,7 @@ import pytest
 from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import ManagedProcess, as_flags
 from tests.chart import FULLNAME, REPO, render
-from tests.integration.wire import assert_all_completed, wait_for_rounds, wait_until
+from tests.integration.wire import assert_all_completed, http_status, wait_for_rounds, wait_until
 
 try:
     import tomllib
@@ -83,16 +81,6 @@ def state_dir(path: Path) -> Path:
     path.mkdir(parents=True)
     shutil.chown(path, UID, UID)
     return path
-
-
-def http_status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return 0
 
 
 class Run:

@@ -191,3 +191,14 @@ def signer_of(payload: bytes, keys: KeyLookup) -> str:
     envelope = decode_message(payload, Signed)
     signer, _ = unseal(envelope, keys)
     return signer
+
+
+def http_status(url: str) -> int:
+    """The HTTP status ``url`` answers with; 0 when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
