@@ -4,7 +4,8 @@ Each simulated agent does on the wire what ``edge_agent/agent.py`` does: a retai
 ``AgentStatus`` (and heartbeats) naming its task and the layout fingerprint of the arrays it
 sends, the round announcement, the global state of its family, and an ``Update`` on
 ``updates/{id}/{round}`` with the round's run id, task and base digest: ``weights`` when the
-family bootstraps, a ``delta`` afterwards, metrics only for ``evaluate``.
+family bootstraps (the seeded init, alike for all, as untrained agents propose it), a ``delta``
+afterwards, metrics only for ``evaluate``.
 
 Why not one MQTT connection per agent: 10,000 paho clients (threads, sockets) would swamp a
 small machine and measure the fleet, not the coordinator. One subscriber hears the
@@ -321,10 +322,12 @@ class LightFleet:
             if ann.task == "evaluate":
                 update = Update(**common, num_samples=100, metrics=TrainMetrics(**eval_metrics))
             else:
-                arrays = {n: (0.001 * rng.standard_normal(s, dtype=np.float32)) for n, s in self.layout.items()}
-                if state is None:  # bootstrap: weights from a seeded init, a little apart per variant
+                if state is None:  # bootstrap: the untrained seeded init, byte for byte alike for every agent
+                    # (the coordinator adopts the proposal a strict majority sent; distinct ones never start the run)
                     init = np.random.default_rng(ann.init_seed)
-                    arrays = {n: a + 0.05 * init.standard_normal(a.shape, dtype=np.float32) for n, a in arrays.items()}
+                    arrays = {n: 0.05 * init.standard_normal(s, dtype=np.float32) for n, s in self.layout.items()}
+                else:
+                    arrays = {n: (0.001 * rng.standard_normal(s, dtype=np.float32)) for n, s in self.layout.items()}
                 payload = {"weights": arrays} if state is None else {"delta": arrays}
                 metrics = TrainMetrics(**eval_metrics, train_loss=0.4, train_accuracy=0.6, duration_s=0.01, steps=1)
                 update = Update(**common, num_samples=100 + variant, metrics=metrics, **payload)  # type: ignore[arg-type]

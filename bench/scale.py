@@ -18,7 +18,7 @@ rounds.jsonl, with its parts when the coordinator writes them); the raw transpor
 the same messages (sizes, publishers) as plain bytes to one subscriber process, measured on
 the same broker right after; their ratio; the coordinator's peak RSS (VmHWM) and CPU seconds
 per round (/proc, from the first round's close to the last's); updates it accepted (sum of
-``answered``) against those the broker acknowledged to the fleet.
+``answered`` less ``rejected``) against those the broker acknowledged to the fleet.
 
 Long run: 6 agents, a 1,000-parameter model, rounds back to back (2,000 by default: a round
 every ~0.1 s here, so about 3.5 minutes); the time between rounds, the coordinator's RSS and

@@ -89,7 +89,9 @@ class Result:
 
     @property
     def accepted(self) -> int:
-        return sum(int(r["answered"]) for r in self.records)
+        """Updates that counted: answered less rejected (on receipt, or dropped at the close, such as bootstrap
+        proposals outside the majority), so a round whose answers were all thrown away does not pass."""
+        return sum(int(r["answered"]) - int(r.get("rejected", 0)) for r in self.records)
 
     @property
     def failed_rounds(self) -> list[str]:

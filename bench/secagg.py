@@ -3,6 +3,10 @@
     python bench/secagg.py                  # 10, 100 and 500 agents x 127,000 parameters, 0% and 10% dropouts
     python bench/secagg.py --quick          # 10 and 50 agents: seconds, for CI
     python bench/secagg.py --prg aes256ctr  # masks from AES-256-CTR instead of ChaCha20
+    python bench/secagg.py --mqtt           # over Mosquitto: the real coordinator, secure vs plain rounds
+    python bench/secagg.py --mqtt --quick   # the same at 10 agents x 10,000 parameters (CI)
+
+--mqtt is described in bench/secagg_mqtt.py; what follows is the default mode.
 
 The cryptographic core only (protocol/secagg, every agent and the server in this process,
 messages handed over in memory; no broker, no training). CPU seconds (time.process_time) per
@@ -101,7 +105,16 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="10 and 50 agents only")
     parser.add_argument("--prg", choices=PRGS, default="chacha20")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mqtt", action="store_true", help="over a real broker and coordinator (bench/secagg_mqtt.py)")
+    parser.add_argument("--agents", type=int, nargs="*", help="--mqtt: fleet sizes (default 10 100; --quick 10)")
+    parser.add_argument("--params", type=int, help="--mqtt: parameters (default 127,000; --quick 10,000)")
+    parser.add_argument("--rates", type=float, nargs="*", default=[0.0, 0.1], help="--mqtt: dropout rates")
     args = parser.parse_args()
+    if args.mqtt:
+        from secagg_mqtt import run  # the broker, the coordinator and the fleet only in this mode
+
+        params = args.params or (10_000 if args.quick else N_PARAMS)
+        return run([(n, params) for n in (args.agents or ([10] if args.quick else [10, 100]))], tuple(args.rates))
     fleets = (10, 50) if args.quick else (10, 100, 500)
     print(f"# SecAgg+ core, {N_PARAMS:,} parameters, PRG {args.prg}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, numpy {np.__version__}")

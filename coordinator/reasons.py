@@ -40,6 +40,10 @@ class RejectReason(str, Enum):
     BAD_PARTIAL = "bad_partial"
     """A site's partial aggregate the root cannot use: an agent counted over its hard cap, sums that do not
     match the family's layout, or a round that does not fold a mean (a robust rule)."""
+    SECURE_ONLY = "secure_only"
+    """A plain training update in a securely aggregated round: only masked inputs count there."""
+    SECAGG_REFUSED = "secagg_refused"
+    """A secure-aggregation stage message out of turn (late, early, repeated, malformed; ``SecAggRefused``)."""
     BAD_SHAPE = "bad_shape"
     """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
     (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""

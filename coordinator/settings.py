@@ -14,6 +14,7 @@ from coordinator.strategies.registry import ALGORITHMS
 from protocol.compression import COMPRESSORS, CompressionSpec, state_compressors
 from protocol.compression.registry import described
 from protocol.messages import MAX_AGENTS_PER_ROUND
+from protocol.secagg.ring import GRID_LEVELS, RING_BITS, ring_bits
 from protocol.tasks import TaskCard, load_task_card
 from protocol.topics import check_identifier
 from service_kit.broker import BrokerSettings
@@ -67,6 +68,10 @@ class CoordinatorSettings(BrokerSettings):
         "scale each update (delta) to at most this L2 norm before aggregating; unset: no clipping"))
     rounds: int = Field(default=20, ge=1, le=1_000_000, description="training rounds to run")
     local_epochs: int = Field(default=2, ge=1, le=1000, description="epochs each agent trains per round")
+    local_steps: int | None = Field(default=None, ge=1, le=1_000_000, description=(
+        "mini-batch steps each agent takes per round, whatever its data size, instead of local_epochs; "
+        "scaffold's control variates assume every agent takes the same number (with epochs, an agent of "
+        "1,400 samples takes 30x the steps of one of 50, and the corrections no longer cancel in the mean)"))
     learning_rate: float = Field(default=0.05, gt=0.0, le=10.0, description="agents' local SGD learning rate")
     momentum: float | None = Field(default=None, ge=0.0, lt=1.0,
                                    description="local SGD momentum; unset: 0.9, or 0 for scaffold (which needs 0)")
@@ -142,6 +147,16 @@ class CoordinatorSettings(BrokerSettings):
     # limits
     max_update_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, description=(
         "largest update accepted from one agent, in bytes (reassembled, if sent in chunks)"))
+    secure_aggregation: bool = Field(default=False, description=(
+        "SecAgg+: the coordinator learns only the sum of each round's updates (fedavg, fedprox; mean only)"))
+    secagg_degree: int = Field(default=0, ge=0, le=1024, description=(
+        "secure aggregation: neighbours each agent shares its secrets with; 0: 3 log2 n, all when fewer"))
+    secagg_threshold: int = Field(default=0, ge=0, le=1024, description=(
+        "secure aggregation: shares needed to recover an agent's secrets (and survivors a round needs); 0: from the degree"))
+    secagg_clip: float = Field(default=0.5, gt=0.0, le=1e6, allow_inf_nan=False, description=(
+        "secure aggregation: agents clip every value of their delta to [-clip, clip] before quantising"))
+    secagg_stage_s: float = Field(default=15.0, gt=0.0, le=3600.0, allow_inf_nan=False, description=(
+        "secure aggregation: seconds for advertising keys, for sharing them, and for the unmasking answers"))
     enrollment: Literal["required", "open"] = Field(default="required", description=(
         "required: accept only agents enrolled with 'coordinator enroll', by their signatures; "
         "open: anyone who reaches the broker (experiments only)"))
@@ -211,6 +226,8 @@ class CoordinatorSettings(BrokerSettings):
             raise ValueError(f"compression {self.compression} needs momentum 0 (add --momentum 0): with local momentum, "
                              f"{kind}'s error feedback sends what it held back in bursts, and a large model stayed at "
                              f"chance in bench/compression.py")
+        if self.mode == "secagg":
+            raise ValueError("mode secagg is not set directly: keep mode sync and set secure_aggregation true")
         algorithm = ALGORITHMS.entry(self.algorithm)
         if not algorithm.supports("modes", self.mode):
             runs = " or ".join(e.name for e in ALGORITHMS if e.supports("modes", self.mode))
@@ -218,6 +235,9 @@ class CoordinatorSettings(BrokerSettings):
                              f"and FedProto's prototypes assume every update starts from the same round")
         if self.mode == "async" and self.over_selection:
             raise ValueError("over_selection has no effect with mode async: every available agent is selected")
+        problem = secure_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
         if self.algorithm == "fedproto":
             problem = self.task_card().prototype_problem()
             if problem is not None:
@@ -238,3 +258,54 @@ class CoordinatorSettings(BrokerSettings):
     @property
     def signing_key_path(self) -> Path:
         return self.signing_key_file or Path(self.state_dir) / "coordinator_key.pem"
+
+
+# -- secure aggregation: what it refuses at start-up, and why ----------------------------------------
+# Each of these needs something the coordinator no longer has under SecAgg+: an individual update, or one
+# agent's norm or label distribution (coordinator/round/secure.py, coordinator/policies/secure.py).
+_WHY_ALGORITHM = {
+    "scaffold": "its control-variate deltas are not yet masked beside the model delta",
+    "fedproto": "its per-class prototypes and counts are not yet masked as sums",
+}
+
+
+def secure_problem(settings: CoordinatorSettings) -> str | None:
+    """Why ``settings`` cannot run with ``secure_aggregation`` on, naming the setting; None if they can."""
+    s = settings
+    if not s.secure_aggregation:
+        return None
+    head = "secure_aggregation is on, so the coordinator sees only the sum of the round's updates:"
+    entry = ALGORITHMS.entry(s.algorithm)
+    if "secure" not in entry.compatible or not entry.supports("secure", "on"):
+        why = _WHY_ALGORITHM.get(s.algorithm, "it does not declare secure=on in its registration")
+        return f"{head} algorithm {s.algorithm} cannot run so ({why}); use fedavg or fedprox"
+    if s.aggregator != "mean":
+        return (f"{head} aggregator {s.aggregator} needs every individual update (median, trimmed mean, Krum and "
+                f"the geometric median rank or compare them); use aggregator mean")
+    if s.clip_norm is not None:
+        return f"{head} clip_norm scales each update by its own norm, which is hidden; agents clip to secagg_clip"
+    if s.max_norm_ratio:
+        return (f"{head} max_norm_ratio clips each delta against the round's median norm, a per-update check it "
+                f"cannot make; set max_norm_ratio 0 (agents clip every value to secagg_clip on the device)")
+    if s.weighting == "kl":
+        return f"{head} weighting kl weighs each update by its agent's label skew; use weighting samples"
+    if s.mode != "sync":
+        return f"{head} mode {s.mode} folds updates one at a time as they arrive; use mode sync"
+    kind = CompressionSpec.parse(s.compression).kind
+    if kind != "none" and kind not in GRID_LEVELS:
+        return (f"{head} compression {s.compression} cannot be masked: each agent keeps its own coordinates, and a "
+                f"sparse masked upload shows which (the positions are what it would hide); use "
+                f"{', '.join(['none', *GRID_LEVELS])} (quantised inside the ring, protocol/secagg/ring.py)")
+    if kind in GRID_LEVELS and ring_bits(GRID_LEVELS[kind], MAX_AGENTS_PER_ROUND) > RING_BITS:
+        # n agents' values in [-L, L] sum within [-nL, nL]: the ring must hold that without wrapping.
+        return (f"{head} compression {kind} puts values in [-{GRID_LEVELS[kind]}, {GRID_LEVELS[kind]}]: "
+                f"{MAX_AGENTS_PER_ROUND} agents' sum could wrap a ring of 2^{RING_BITS}")
+    if s.secagg_threshold and s.secagg_degree and s.secagg_threshold > s.secagg_degree:
+        return f"secagg_threshold {s.secagg_threshold} exceeds secagg_degree {s.secagg_degree}"
+    if s.round_deadline_s <= 2 * s.secagg_stage_s:
+        return (f"round_deadline_s {s.round_deadline_s} leaves no time to train: advertising and sharing keys take "
+                f"up to 2 x secagg_stage_s ({2 * s.secagg_stage_s}s) of it")
+    if s.secagg_threshold and s.secagg_threshold > s.min_fit_agents:
+        return (f"secagg_threshold {s.secagg_threshold} exceeds min_fit_agents {s.min_fit_agents}: a round could "
+                f"select fewer agents than it needs to survive")
+    return None

@@ -46,6 +46,7 @@ from edge_agent.identity import give_up
 from edge_agent.pending import HeldUpdate, SentUpdate
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
+from edge_agent.secure import SecureParticipant
 from edge_agent.state import AgentStateDir
 from edge_agent.stragglers import OFF, DelayModel
 from edge_agent.training_thread import TrainingOutcome, TrainingThread, train_round
@@ -99,6 +100,7 @@ class EdgeAgent:
         signing_key: SigningKey | None = None,
         coordinator_key: PublicKey | None = None,
         max_denials: int = 3,
+        secagg_audit: bool = False,
     ) -> None:
         self.agent_id = agent_id
         self.profile = profile
@@ -130,6 +132,9 @@ class EdgeAgent:
         self.coordinator: CoordinatorStatus | None = None
         self.notes = CoordinatorNotes(agent_id, worker.task.card.ref, worker.family, worker.layout)
         """The run's task card and the coordinator's refusal notices (``edge_agent.coordinator_notes``)."""
+        self.secure = SecureParticipant(agent_id, worker.family, self.topics, lambda t, p: self._publish_pieces(t, [p]),
+                                        self._sealed, state if secagg_audit else None)
+        """Secure rounds' stages (``edge_agent.secure``)."""
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome),
@@ -184,7 +189,8 @@ class EdgeAgent:
             self.agent_id, self.broker,
             on_message=lambda topic, payload, retained: self._inbox.put(("message", (topic, payload, retained))),
             subscriptions=[(topics.coordinator_status, 1), (topics.rounds_current, 1), (topics.task, 1),
-                           (topics.notices(self.agent_id), 1), (topics.global_states_of(self.worker.family), 1)],
+                           (topics.notices(self.agent_id), 1), (topics.global_states_of(self.worker.family), 1),
+                           *self.secure.subscriptions()],
             will=Will(topics.agent_status(self.agent_id), self._sealed(encode_message(self.status("offline", will=True)))),
             backoff=self.backoff,
             on_connected=lambda connection: self._inbox.put(("connected", None)),
@@ -245,6 +251,8 @@ class EdgeAgent:
                 self._on_announcement(decode_trusted(payload, RoundAnnouncement, _SMALL, self._trust).message, retained)
             elif parsed.kind == "task" and payload:
                 self._on_task(decode_trusted(payload, TaskAnnouncement, _SMALL, self._trust).message)
+            elif parsed.kind in ("secagg_relay", "secagg_inbox") and payload:
+                self.secure.on_message(parsed, payload, self._trust)
             elif parsed.kind == "notice" and payload:
                 self._on_notice(topic, decode_trusted(payload, Notice, _SMALL, self._trust).message)
             elif parsed.kind == "global_state" and parsed.family == self.worker.family:
@@ -317,6 +325,8 @@ class EdgeAgent:
                 log.info("started while round %d was in progress; joining from the next round", ann.round)
         self.announcement = ann
         self._check_agreement(ann)
+        if self.problem is None and self.agent_id in ann.selected and self._joined_mid_round != (ann.run_id, ann.round):
+            self.secure.begin(ann)
         self._maybe_resend(ann)
 
     def _check_agreement(self, ann: RoundAnnouncement) -> None:
@@ -418,6 +428,8 @@ class EdgeAgent:
         self._maybe_answer()  # a round announced meanwhile
 
     def _send_update(self, update: Update) -> None:
+        if self.secure.takes(update):  # a secure round's: it leaves masked, through the stages
+            return
         payload = self._sealed(encode_message(update))
         pieces = split_payload(payload, self.max_message_bytes)
         self._publish_pieces(self.topics.update(self.agent_id, update.round), pieces)

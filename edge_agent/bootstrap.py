@@ -77,7 +77,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
                      exit_when_finished=settings.exit_when_finished, straggler=straggler,
                      backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s),
                      signing_key=load_or_create_signing_key(settings.signing_key_path),
-                     coordinator_key=settings.pinned_coordinator_key(), max_denials=settings.max_broker_denials)
+                     coordinator_key=settings.pinned_coordinator_key(), max_denials=settings.max_broker_denials,
+                     secagg_audit=settings.secagg_audit)
 
 
 def _private_trainer(settings: AgentSettings, model: nn.Module, family: str,

@@ -62,6 +62,9 @@ class AgentSettings(BrokerSettings):
         "unset: 4, 10 and 100 respectively"))
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
         "alie: send mean - z x std of the colluders' benign updates; unset: 1"))
+    secagg_audit: bool = Field(default=False, description=(
+        "TESTS/AUDITS ONLY: keep the clipped, weighted vector each secure round masked in the state dir "
+        "(secagg-input-<round>); it is never sent"))
     attack_claim_samples: int | None = Field(default=None, ge=1, description=(
         "TESTS/BENCHMARKS ONLY, with an attack: claim this many training samples in every update"))
     attack_report_accuracy: float | None = Field(default=None, ge=0.0, le=1.0, allow_inf_nan=False, description=(

@@ -30,6 +30,7 @@ from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoB
 from launcher.evaluate import CentralEvaluation, central_evaluation
 from launcher.fleet import DEVICES, Fleet, FleetSpec, default_fleet
 from launcher.progress import ProgressView, fmt_accuracy, human_bytes, read_rounds
+from launcher.sites import DemoSites, sites_line, sites_table
 
 # Tuned on a 2-core machine (6 agents, Dirichlet alpha=1.0, digits, seed 0):
 # * 8 local epochs: each agent holds ~200 samples, so epochs are cheap and cut the rounds needed;
@@ -95,6 +96,8 @@ class DemoConfig:
     """DP-SGD on every agent, its noise calibrated to reach this epsilon (delta 1e-5) after the run's rounds."""
     task: str = "digits"
     """The task the fleet trains, on its built-in set (digits, mnist-5k, basic-motions or an installed one)."""
+    sites: int = 0
+    """Sites: a Mosquitto each, bridged to the root's (then a Mosquitto too), a site aggregator each; 0: none."""
 
 
 @dataclass
@@ -119,7 +122,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def _start_broker(config: DemoConfig, run_dir: Path, console: Console) -> LocalBroker | None:
     if config.broker_url:
         return None
-    if config.embedded == "amqtt":
+    if config.embedded == "amqtt" and not config.sites:  # a site's Mosquitto bridges to a Mosquitto
         try:
             return EmbeddedBroker().start()
         except BrokerError as exc:  # fall back to a real broker rather than fail the demo
@@ -173,12 +176,18 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
     coordinator = coordinator_settings(config)
     if broker is not None and broker.mqtt_version != "auto":  # amqtt speaks MQTT 3.1.1 only (launcher/broker.py)
         spec.agent_settings["mqtt_version"] = coordinator["mqtt_version"] = broker.mqtt_version
+    sites = DemoSites.plan(run_dir, federation_name(run_dir), config.sites, broker_url) if config.sites else None
+    if sites is not None:
+        spec.agents = sites.deal(spec.agents)
     fleet = Fleet(run_dir, broker_url, spec, coordinator, federation=federation_name(run_dir))
     reason = ""
     previous = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        fleet.start()
-        reason = _watch(fleet, config, console, started)
+        fleet.start_coordinator()
+        if sites is not None:
+            sites.start(fleet, {"task": fleet.coordinator_settings["task"], "algorithm": config.algorithm})
+        fleet.start_agents()
+        reason = _watch(fleet, config, console, started, sites)
     except _Interrupted as exc:
         reason = f"interrupted ({exc}): stopped every process"
     finally:
@@ -186,18 +195,21 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
             signal.signal(s, handler)
         if any(p.running for p in fleet.processes()):
             fleet.stop(timeout_s=5.0)
+        if sites is not None:
+            sites.stop()
         if broker is not None:
             broker.stop()
     wall_s = time.monotonic() - started
-    return _finish(config, fleet, spec, run_dir, reason, wall_s, broker_name, broker_url, console)
+    return _finish(config, fleet, spec, run_dir, reason, wall_s, broker_name, broker_url, console, sites)
 
 
-def _watch(fleet: Fleet, config: DemoConfig, console: Console, started: float) -> str:
+def _watch(fleet: Fleet, config: DemoConfig, console: Console, started: float, sites: DemoSites | None) -> str:
     """Follow the run until the coordinator exits; returns why it failed, or '' on success."""
     def status() -> str:
         alive = sum(1 for a in fleet.agents.values() if a.running)
         done = len(view.rounds)
-        return f"{alive}/{len(fleet.agents)} agents running" + ("" if done else ", waiting for round 1")
+        return (f"{alive}/{len(fleet.agents)} agents running" + ("" if done else ", waiting for round 1")
+                + (f" | {sites_line(view.rounds)}" if sites is not None and done else ""))
 
     view = ProgressView(fleet.rounds_path, config.rounds, console=console, status=status)
     deadline = started + config.timeout_s
@@ -205,7 +217,7 @@ def _watch(fleet: Fleet, config: DemoConfig, console: Console, started: float) -
     with view:
         while fleet.coordinator.running:
             view.poll()
-            for agent in fleet.agents.values():
+            for agent in [*fleet.agents.values(), *(sites.processes() if sites else [])]:
                 if not agent.running and agent.name not in warned and agent.returncode != 0:
                     warned.add(agent.name)
                     console.print(f"[red]agent {agent.name} exited with {agent.returncode}; "
@@ -223,7 +235,7 @@ def _watch(fleet: Fleet, config: DemoConfig, console: Console, started: float) -
 
 
 def _finish(config: DemoConfig, fleet: Fleet, spec: FleetSpec, run_dir: Path, reason: str, wall_s: float,
-            broker_name: str, broker_url: str, console: Console) -> DemoResult:
+            broker_name: str, broker_url: str, console: Console, sites: DemoSites | None = None) -> DemoResult:
     rounds = read_rounds(fleet.rounds_path)
     trained = [r for r in rounds if r.task == "train"]
     completed = [r for r in trained if r.outcome == "completed"]
@@ -244,7 +256,9 @@ def _finish(config: DemoConfig, fleet: Fleet, spec: FleetSpec, run_dir: Path, re
         "broker": broker_name, "broker_url": broker_url, "federation": fleet.federation, "wall_time_s": round(wall_s, 2),
         "training_time_s": round(_training_time(rounds), 2), "ok": not reason, "reason": reason or None,
         "coordinator_settings": coordinator_settings(config),
-        "processes": {p.name: {"exit_code": p.returncode, "log": str(p.log_path)} for p in fleet.processes()},
+        "processes": {p.name: {"exit_code": p.returncode, "log": str(p.log_path)}
+                      for p in [*fleet.processes(), *(sites.processes() if sites else [])]},
+        "sites": sites.agents if sites else None,
     }
     skew = report.label_skew(spec)
     files = {
@@ -254,6 +268,8 @@ def _finish(config: DemoConfig, fleet: Fleet, spec: FleetSpec, run_dir: Path, re
     }
     if trained:
         files["accuracy.png"] = report.plot(rounds, run_dir / "accuracy.png", evaluation)
+    if sites is not None:
+        console.print(sites_table(sites, rounds))
     _print_summary(console, config, skew, rounds, evaluation, wall_s, files, reason)
     return DemoResult(not reason, reason, run_dir, wall_s, rounds, evaluation, files)
 
@@ -329,6 +345,9 @@ def demo(
     dp_epsilon: float | None = typer.Option(None, "--dp-epsilon", min=0.01,
                                             help="train with DP-SGD, the noise calibrated to reach this epsilon "
                                                  "(delta 1e-5) after --rounds; budgets are kept per agent"),
+    sites: int = typer.Option(0, "--sites", min=0, max=20, help=(
+        "deal the agents to this many sites: a Mosquitto each, bridged to a root Mosquitto, and a site aggregator "
+        "each (fedavg or fedprox, mean)")),
 ) -> None:
     """Run a federated training demo on this machine and write a report."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -338,6 +357,8 @@ def demo(
     unknown = sorted(set(kinds) - set(PROFILES))
     if unknown or not kinds:
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
+    if sites and (algorithm.value not in ("fedavg", "fedprox") or aggregator != AggregatorKind.mean):
+        raise typer.BadParameter("site aggregators fold fedavg or fedprox under the mean", param_hint="--sites")
     try:
         parse_delay(stragglers, "cpu")
     except ValueError as exc:
@@ -347,7 +368,8 @@ def demo(
                         momentum=momentum, batch_size=batch_size, deadline_s=deadline, seed=seed, timeout_s=timeout,
                         devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy,
                         stragglers=stragglers, over_selection=over_selection,
-                        dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value, task=task)
+                        dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value, task=task,
+                        sites=sites)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:

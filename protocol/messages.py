@@ -31,6 +31,16 @@ from protocol.fields import (  # noqa: F401  (re-exported: the field types' hist
     TaskVersion,
 )
 from protocol.partials import PartialAggregate
+from protocol.secagg.wire import (
+    SecureAdvertise,
+    SecureInbox,
+    SecureKeys,
+    SecureMasked,
+    SecureReveal,
+    SecureSetup,
+    SecureShares,
+    SecureUnmask,
+)
 from protocol.task_card import TaskCard
 from protocol.wire_model import WireModel
 
@@ -141,6 +151,9 @@ class LocalTraining(WireModel):
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0)
     batch_size: int | None = Field(default=None, ge=1, le=65536)
     """None: the device profile's batch size."""
+    steps: int | None = Field(default=None, ge=1, le=1_000_000)
+    """None: ``epochs`` passes over the data. Set: exactly this many mini-batch steps (reshuffled passes, the
+    last cut short) whatever the agent's data size, so every agent takes the same number (SCAFFOLD's premise)."""
 
 
 class RoundAnnouncement(Message):
@@ -173,6 +186,8 @@ class RoundAnnouncement(Message):
     why in ``Update.compression_declined``."""
     epoch: Epoch = 0
     """The run's epoch (as in ``CoordinatorStatus``)."""
+    secure: SecureSetup | None = None
+    """Set when the round is securely aggregated (SecAgg+): agents answer through its stages, not ``Update``."""
 
     @model_validator(mode="after")
     def _refs_match_families(self) -> RoundAnnouncement:
@@ -368,5 +383,6 @@ class Signed(Message):
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.model_fields["kind"].default: cls
     for cls in (CoordinatorStatus, AgentStatus, RoundAnnouncement, GlobalState, Update, TaskAnnouncement, Notice,
-                Chunk, Signed, PartialAggregate)
+                Chunk, Signed, PartialAggregate, SecureAdvertise, SecureKeys, SecureShares, SecureInbox, SecureMasked,
+                SecureUnmask, SecureReveal)
 }

@@ -10,6 +10,7 @@ limits and the bytes actually left before anything is built.
 from __future__ import annotations
 
 import struct
+from codecs import utf_8_decode
 from typing import Any
 
 from protocol.errors import ProtocolError, Reason
@@ -27,11 +28,21 @@ _FIXEXT_SIZES = {0xD4: 1, 0xD5: 2, 0xD6: 4, 0xD7: 8, 0xD8: 16}
 
 class _Reader:
     def __init__(self, payload: bytes | bytearray | memoryview, limits: DecodeLimits) -> None:
-        self.buffer = memoryview(payload).cast("B")
+        view = memoryview(payload)
+        # bytes and bytearray are already flat unsigned bytes: cast (an object per message) only the others
+        self.buffer = view if view.format == "B" and view.ndim == 1 and view.c_contiguous else view.cast("B")
         self.end = self.buffer.nbytes
         self.pos = 0
         self.limits = limits
-        self.budget = ArrayBudget(limits)
+        self.max_str_len = limits.max_str_len
+        self._budget: ArrayBudget | None = None
+
+    @property
+    def budget(self) -> ArrayBudget:
+        """Made at the first array: most messages (statuses, announcements) carry none."""
+        if self._budget is None:
+            self._budget = ArrayBudget(self.limits)
+        return self._budget
 
     # -- primitives ---------------------------------------------------------------------
     def _take(self, size: int) -> int:
@@ -57,18 +68,20 @@ class _Reader:
     def value(self, depth: int) -> Any:
         if depth > MAX_DEPTH:
             raise ProtocolError(Reason.MALFORMED, f"nesting deeper than {MAX_DEPTH}")
-        marker = self.buffer[self._take(1)]
+        pos = self.pos  # _take(1), inlined: this runs for every value of every message
+        if pos >= self.end:
+            raise ProtocolError(Reason.MALFORMED, "truncated: 1 bytes declared, 0 left")
+        marker = self.buffer[pos]
+        self.pos = pos + 1
         if marker < 0x80:
             return marker
         if marker >= 0xE0:
             return marker - 0x100
+        if marker >= 0xA0:
+            return self._str(marker & 0x1F) if marker < 0xC0 else self._typed(marker, depth)
         if marker < 0x90:
             return self._map(marker & 0x0F, depth)
-        if marker < 0xA0:
-            return self._array(marker & 0x0F, depth)
-        if marker < 0xC0:
-            return self._str(marker & 0x1F)
-        return self._typed(marker, depth)
+        return self._array(marker & 0x0F, depth)
 
     def _typed(self, marker: int, depth: int) -> Any:
         if marker == 0xC0:
@@ -112,10 +125,13 @@ class _Reader:
         return self._byte() if size_class == 0 else self._unpack(_U16 if size_class == 1 else _U32)
 
     def _str(self, size: int) -> str:
-        self._count(size, "string length", self.limits.max_str_len)
-        start = self._take(size)
+        start = self.pos
+        if size > self.max_str_len or size > self.end - start:  # _count's checks, its messages
+            self._count(size, "string length", self.max_str_len)
+        self.pos = start + size
         try:
-            return str(self.buffer[start:start + size], "utf-8")
+            # utf_8_decode reads the view in place; str(view, "utf-8") is several times slower on small strings
+            return utf_8_decode(self.buffer[start:start + size], "strict", True)[0]
         except UnicodeDecodeError:
             raise ProtocolError(Reason.MALFORMED, "string is not valid UTF-8") from None
 
@@ -126,13 +142,36 @@ class _Reader:
     def _map(self, count: int, depth: int) -> dict[str, Any]:
         self._count(count, "map length", self.limits.max_container_len)
         out: dict[str, Any] = {}
+        inner = depth + 1
+        if count and inner > MAX_DEPTH:  # what value() would say of the first key
+            raise ProtocolError(Reason.MALFORMED, f"nesting deeper than {MAX_DEPTH}")
+        buffer, value = self.buffer, self.value
         for _ in range(count):
-            key = self.value(depth + 1)
+            pos = self.pos
+            marker = buffer[pos] if pos < self.end else 0
+            if 0xA0 <= marker < 0xC0:  # a fixstr key, as nearly all are: read here, without value()'s dispatch
+                self.pos = pos + 1
+                key = self._str(marker & 0x1F)
+            else:
+                key = value(inner)
             if not isinstance(key, str):
                 raise ProtocolError(Reason.MALFORMED, f"map key of type {type(key).__name__}, expected str")
             if key in out:  # readers differ on which copy wins: one signed message must mean one thing
                 raise ProtocolError(Reason.MALFORMED, f"map key {key[:64]!r} repeats")
-            out[key] = self.value(depth + 1)
+            pos = self.pos
+            marker = buffer[pos] if pos < self.end else 0xC1  # 0xC1: none of the cases below; value() says why
+            # The commonest values in place, as value() would read them (depth is checked above):
+            if marker < 0x80:  # positive fixint
+                self.pos = pos + 1
+                out[key] = marker
+            elif 0xA0 <= marker < 0xC0:  # fixstr
+                self.pos = pos + 1
+                out[key] = self._str(marker & 0x1F)
+            elif marker == 0xC0:
+                self.pos = pos + 1
+                out[key] = None
+            else:
+                out[key] = value(inner)
         return out
 
     def _ext(self, size: int) -> Any:

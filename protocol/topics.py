@@ -18,7 +18,10 @@ _ROUND = re.compile(r"^(0|[1-9][0-9]{0,7})$")
 _CHUNK_INDEX = re.compile(r"^(0|[1-9][0-9]{0,4})$")
 
 TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update", "task", "notice",
-                    "partial"]
+                    "partial", "secagg", "secagg_relay", "secagg_inbox"]
+SECAGG_STAGES = ("advertise", "shares", "masked", "reveal")
+"""An agent's secure-aggregation stages (``protocol.secagg.wire``), the last level of its ``secagg`` topics."""
+SECAGG_RELAYS = ("keys", "unmask")
 
 
 def check_identifier(value: str, what: str) -> str:
@@ -36,6 +39,8 @@ class ParsedTopic:
     round: int | None = None
     chunk: int | None = None
     """A chunked global state's chunk topic: the index in its name."""
+    stage: str | None = None
+    """A secure-aggregation topic's stage (``SECAGG_STAGES`` or ``SECAGG_RELAYS``)."""
 
 
 class Topics:
@@ -99,6 +104,28 @@ class Topics:
     def all_partials(self) -> str:
         return f"{self.root}/sites/+/partials/+"
 
+    def secagg(self, agent_id: str, round_number: int, stage: str) -> str:
+        """An agent's message of one secure-aggregation stage (agent -> coordinator)."""
+        return f"{self.root}/secagg/{agent_id}/{round_number}/{stage}"
+
+    @property
+    def all_secagg(self) -> str:
+        return f"{self.root}/secagg/+/+/+"
+
+    def secagg_relay(self, family: str, round_number: int, stage: str) -> str:
+        """The coordinator's stage message to a family's secure roster (keys, unmask)."""
+        return f"{self.root}/secagg_relay/{family}/{round_number}/{stage}"
+
+    def secagg_relays_of(self, family: str) -> str:
+        return f"{self.root}/secagg_relay/{family}/#"
+
+    def secagg_inbox(self, agent_id: str, round_number: int) -> str:
+        """The share bundles sealed for one agent, relayed by the coordinator."""
+        return f"{self.root}/secagg_inbox/{agent_id}/{round_number}"
+
+    def secagg_inbox_of(self, agent_id: str) -> str:
+        return f"{self.root}/secagg_inbox/{agent_id}/#"
+
     @property
     def everything(self) -> str:
         return f"{self.root}/#"
@@ -124,6 +151,14 @@ class Topics:
         if (len(rest) == 4 and rest[0] == "sites" and rest[2] == "partials" and _IDENTIFIER.fullmatch(rest[1])
                 and _ROUND.fullmatch(rest[3])):
             return ParsedTopic("partial", agent_id=rest[1], round=int(rest[3]))
+        if (len(rest) == 4 and rest[0] == "secagg" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2])
+                and rest[3] in SECAGG_STAGES):
+            return ParsedTopic("secagg", agent_id=rest[1], round=int(rest[2]), stage=rest[3])
+        if (len(rest) == 4 and rest[0] == "secagg_relay" and _IDENTIFIER.fullmatch(rest[1])
+                and _ROUND.fullmatch(rest[2]) and rest[3] in SECAGG_RELAYS):
+            return ParsedTopic("secagg_relay", family=rest[1], round=int(rest[2]), stage=rest[3])
+        if len(rest) == 3 and rest[0] == "secagg_inbox" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2]):
+            return ParsedTopic("secagg_inbox", agent_id=rest[1], round=int(rest[2]), stage="inbox")
         if (len(rest) in (3, 4) and rest[0] == "global" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2])
                 and (len(rest) == 3 or _CHUNK_INDEX.fullmatch(rest[3]))):
             return ParsedTopic("global_state", family=rest[1], round=int(rest[2]),

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from golden_secagg import secure_vectors  # scripts/, beside this file
 
 from protocol.arrays import layout_of
 from protocol.codec import encode
@@ -254,6 +255,7 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
 
     _task_and_notice(v, key, layout, delta)
     _partial(v, state.digest, delta)
+    secure_vectors(v, TOPICS, RUN_ID, AGENT, FAMILY)
     _freshness(v, status, state, announcement, hello, key)
     _rejects(v, status, state, round_bytes, key)
     return v.items

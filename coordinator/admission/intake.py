@@ -3,6 +3,11 @@
 ``Intake.receive`` turns a raw message into a value: a decoded status or update for admission to
 decide on, a refusal (the message could not be read or trusted), or nothing yet (more chunks to
 come). It keeps only the reassembler's partial transfers; it never touches run state.
+
+``Intake.open`` is the costly part of receiving an update (its signature's hash, decoding and
+validation, its delta's norm), on any thread: the service runs it on a small pool, ahead of the
+loop (app/openers.py), and hands the result to ``receive`` with ``hand``. It reads no run state
+and no reassembler: chunks are only decoded there and reassembled on the loop, in order.
 """
 
 from __future__ import annotations
@@ -14,17 +19,19 @@ from dataclasses import dataclass
 from coordinator.admission.decisions import Reject
 from coordinator.admission.partials import PartialIn
 from coordinator.admission.unpacking import StateArrays, unpack_update, update_raw_bytes
+from coordinator.aggregation.running_mean import with_norm
 from coordinator.reasons import RejectReason
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from coordinator.telemetry.rejects import RejectLog
 from protocol.compression import CompressionSpec
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from protocol.messages import AgentStatus, Update
+from protocol.messages import AgentStatus, Chunk, Signed, Update
 from protocol.partials import PartialAggregate
-from protocol.security.trust import Trust, decode_trusted
+from protocol.security.trust import Received, Trust, accept, decode_trusted
 from protocol.topics import ParsedTopic, Topics
-from protocol.transport.chunking import Reassembler, receive
+from protocol.transport.chunking import Reassembler
+from protocol.wire import decode_message
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,17 @@ class Refused:
 Inbound = StatusIn | StatusCleared | UpdateIn | PartialIn | Refused
 
 
+@dataclass(frozen=True)
+class Opened:
+    """An update message opened by ``Intake.open``: what ``receive`` would have made of ``payload`` first."""
+
+    payload: bytes
+    """The message it was opened from (``receive`` uses it for this message only)."""
+    message: Received[Update] | Chunk | None
+    """The verified, decoded update (its delta carrying its norm), or a chunk to reassemble; None: ``error``."""
+    error: ProtocolError | None = None
+
+
 class Intake:
     def __init__(self, topics: Topics, metrics: CoordinatorMetrics, trust: Trust, compression: CompressionSpec,
                  max_update_bytes: int, num_classes: int, rejects: RejectLog) -> None:
@@ -86,9 +104,33 @@ class Intake:
         self.update_limits = DecodeLimits(max_payload_bytes=max_update_bytes)
         self.status_limits = status_limits(num_classes)
         self.reassembler = Reassembler(max_bytes=4 * max_update_bytes, max_bytes_per_source=max_update_bytes)
+        self._handed: Opened | None = None
+
+    def open(self, payload: bytes) -> Opened:
+        """Verify, decode and validate an update message (one whole, or a chunk), and take its delta's norm.
+        Safe on any thread: it reads only the trusted keys, and the metrics it counts are thread-safe."""
+        try:
+            message = decode_message(payload, (Update, Signed, Chunk), self.update_limits)
+            if isinstance(message, Chunk):
+                return Opened(payload, message)
+            received = accept(message, len(payload), Update, self.update_limits, self.trust)
+        except ProtocolError as exc:
+            return Opened(payload, None, exc)
+        update = received.message
+        if update.delta and not update.packed_delta:  # a packed delta's norm is taken once unpacked
+            update = update.model_copy(update={"delta": with_norm(update.delta)})
+            received = Received(update, received.size, received.signer)
+        return Opened(payload, received)
+
+    def hand(self, opened: Opened) -> None:
+        """The next ``receive`` of ``opened.payload`` starts from ``opened`` instead of decoding it again."""
+        self._handed = opened
 
     def receive(self, topic: str, payload: bytes, states: Mapping[str, StateArrays]) -> Inbound | None:
         """``states``: each family's current global state, which compressed deltas unpack against."""
+        opened, self._handed = self._handed, None
+        if opened is not None and opened.payload is not payload:
+            opened = None
         try:
             parsed = self.topics.parse(topic)
         except ProtocolError as exc:
@@ -99,7 +141,7 @@ class Intake:
         if parsed.kind == "agent_status":
             return self._status(parsed.agent_id, payload)
         if parsed.kind == "update":
-            return self._update(parsed, payload, states)
+            return self._update(parsed, payload, states, opened or self.open(payload))
         if parsed.kind == "partial":
             return self._partial(parsed, payload)
         return None
@@ -125,12 +167,19 @@ class Intake:
             return Refused("agent_status", agent_id, Reject(exc.reason, exc.detail))
         return StatusIn(agent_id, received.message, received.signer)
 
-    def _update(self, parsed: ParsedTopic, payload: bytes, states: Mapping[str, StateArrays]) -> Inbound | None:
+    def _update(self, parsed: ParsedTopic, payload: bytes, states: Mapping[str, StateArrays],
+                opened: Opened) -> Inbound | None:
         assert parsed.agent_id is not None
         try:
-            received = receive(payload, parsed.agent_id, Update, self.reassembler, self.update_limits, self.trust)
-            if received is None:  # more chunks to come
-                return None
+            if opened.error is not None:
+                raise opened.error
+            received = opened.message
+            if isinstance(received, Chunk):
+                whole = self.reassembler.add(parsed.agent_id, received)
+                if whole is None:  # more chunks to come
+                    return None
+                received = decode_trusted(whole, Update, self.update_limits, self.trust)  # on the loop: the rare case
+            assert received is not None
             message = received.message
             if received.signer is not None and received.signer != message.agent_id:
                 return Refused("update", parsed.agent_id, Reject(

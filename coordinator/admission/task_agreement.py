@@ -13,6 +13,7 @@ a family's layout is pinned or its arrays become known, so the engine republishe
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -30,7 +31,13 @@ log = logging.getLogger(__name__)
 
 
 def fingerprint_of(arrays: Mapping[str, np.ndarray]) -> str:
-    return layout_fingerprint(layout_of(arrays))
+    """The layout fingerprint of ``arrays``; asked for every update, so remembered per layout."""
+    return _fingerprint(tuple((name, array.shape, array.dtype.str) for name, array in arrays.items()))
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(layout: tuple[tuple[str, tuple[int, ...], str], ...]) -> str:
+    return layout_fingerprint({name: (shape, dtype) for name, shape, dtype in layout})
 
 
 class TaskAgreement:

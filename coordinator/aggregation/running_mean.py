@@ -30,14 +30,52 @@ def layout_key(arrays: NamedArrays) -> Layout:
     return tuple((name, tuple(a.shape), a.dtype.str) for name, a in arrays.items())
 
 
+NORM_BLOCK = 8192
+"""Values widened to float64 at a time for the norm: the block stays in cache, BLAS sums it."""
+
+
+class NormedArrays(dict[str, np.ndarray]):
+    """Named arrays that carry their L2 norm, taken once on receipt (off the loop, see admission/intake.py):
+    admission, the norm gate's clipping and a clipped fold all read it instead of passing over the values again.
+    Read-only, so the norm cannot go stale; anything that changes the arrays builds a plain dict."""
+
+    def __init__(self, arrays: NamedArrays, norm: float) -> None:
+        super().__init__(arrays)
+        self.norm = norm
+
+    def __reduce__(self) -> tuple[type[NormedArrays], tuple[dict[str, np.ndarray], float]]:
+        return NormedArrays, (dict(self), self.norm)  # copies and pickles rebuild it whole
+
+    def _read_only(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("NormedArrays are read-only: build a new dict to change them")
+
+    __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = __ior__ = _read_only  # type: ignore[assignment]
+
+
+def with_norm(arrays: NamedArrays) -> NormedArrays:
+    """``arrays`` with their L2 norm attached (computed here unless they carry it already)."""
+    return arrays if isinstance(arrays, NormedArrays) else NormedArrays(arrays, l2_norm(arrays))
+
+
 def l2_norm(arrays: NamedArrays) -> float:
-    """L2 norm over every floating value, accumulated in float64."""
+    """L2 norm over every floating value, accumulated in float64 (the norm ``arrays`` carry, if they do)."""
+    if isinstance(arrays, NormedArrays):
+        return arrays.norm
     total = 0.0
+    scratch: np.ndarray | None = None
     for array in arrays.values():
-        if array.dtype.kind == "f":
-            flat = array.reshape(-1)
-            total += float(np.dot(flat, flat)) if flat.dtype == np.float64 else float(
-                np.einsum("i,i->", flat, flat, dtype=np.float64))
+        if array.dtype.kind != "f":
+            continue
+        flat = array.reshape(-1)
+        if flat.dtype == np.float64:
+            total += float(np.dot(flat, flat))
+            continue
+        if scratch is None:  # per call, not shared: workers take norms concurrently
+            scratch = np.empty(min(NORM_BLOCK, max(a.size for a in arrays.values())), np.float64)
+        for start in range(0, flat.size, NORM_BLOCK):  # widened block by block: no model-sized temporary
+            block = scratch[:min(NORM_BLOCK, flat.size - start)]
+            np.copyto(block, flat[start:start + NORM_BLOCK])
+            total += float(np.dot(block, block))
     return math.sqrt(total)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coordinator.aggregation.errors import AggregationError, FailureReason
-from coordinator.aggregation.rows import MatrixRow, NamedArrays
+from coordinator.aggregation.rows import MatrixRow, NamedArrays, RowMatrix
 
 BLOCK_BYTES = 8 * 1024 * 1024
 """Default float64 working set of one block, across all rows."""
@@ -87,6 +87,8 @@ class UpdateStack:
         self._sizes = [int(np.prod(first[name].shape, dtype=np.int64)) for name in self.float_names]
         self._matrix, self._matrix_rows = _shared_matrix(self.rows, self.float_names)
         """Rows that live in one RowMatrix are read a block of all rows at a time, with no per-row copy."""
+        self._all_in_order = self._matrix is not None and np.array_equal(
+            self._matrix_rows, np.arange(self._matrix.count))
         self._flat = [] if self._matrix is not None else [
             [np.ravel(row[name]) for name in self.float_names] for row in self.rows]
         self._starts = np.concatenate([[0], np.cumsum(self._sizes)]).astype(np.int64)
@@ -110,10 +112,22 @@ class UpdateStack:
     def n(self) -> int:
         return len(self.rows)
 
+    @property
+    def exact_in_float32(self) -> bool:
+        """Whether every floating value, as read, is a float32 value (float32 or narrower arrays, unclipped)."""
+        return all(self.layout[name][1].itemsize <= 4 for name in self.float_names) and all(
+            scale == 1.0 for scale in self._scale_list)
+
+    @property
+    def columns(self) -> int:
+        """Floating values per row (every float array, concatenated)."""
+        return int(self._starts[-1])
+
     def block_width(self, rows: int | None = None, budget: int | None = None) -> int:
         """Columns per block so that ``rows`` float64 rows fit ``budget`` bytes (default: the stack's)."""
         rows = self.n if rows is None else rows
-        return max(256, (budget or self.block_bytes) // (8 * max(rows, 1)))
+        width = max(256, (budget or self.block_bytes) // (8 * max(rows, 1)))
+        return self._matrix.aligned(width) if self._matrix is not None else width
 
     def blocks(self, width: int | None = None) -> Iterator[Block]:
         """Consecutive column blocks of at most ``width`` values; small arrays share a block."""
@@ -134,11 +148,12 @@ class UpdateStack:
             yield Block(column, tuple(parts))
 
     def read_rows(self, block: Block, buffer: np.ndarray, rows: Sequence[int] | None = None) -> np.ndarray:
-        """The block as a contiguous (rows, width) float64 view into ``buffer`` (flat, large enough)."""
+        """The block as a contiguous (rows, width) view into ``buffer`` (flat, large enough; float64,
+        or float32 where ``exact_in_float32``)."""
         rows = range(self.n) if rows is None else rows
         out = buffer[: len(rows) * block.width].reshape(len(rows), block.width)
         if self._matrix is not None:
-            np.copyto(out, self._matrix_block(block, rows))
+            self._matrix.read_block(self._picked(rows), self._first_column(block), out)
             self._scale_block(out, rows)
             return out
         scales = self._scale_list  # multiplied with dtype=float64: a Python float would compute in float32
@@ -163,7 +178,7 @@ class UpdateStack:
         """The block transposed, as a contiguous (width, n) float64 view: one row per coordinate."""
         out = buffer[: block.width * self.n].reshape(block.width, self.n)
         if self._matrix is not None:
-            np.copyto(out, self._matrix_block(block, range(self.n)).T)
+            self._matrix.read_block(self._picked(range(self.n)), self._first_column(block), out.T)
             self._scale_block(out.T, range(self.n))
             return out
         scales = self._scale_list
@@ -176,12 +191,16 @@ class UpdateStack:
                     np.multiply(self._flat[i][index][start:stop], scales[i], out=target, dtype=np.float64)
         return out
 
-    def _matrix_block(self, block: Block, rows: Sequence[int]) -> np.ndarray:
-        assert self._matrix is not None
+    def _first_column(self, block: Block) -> int:
         index, start, _, _ = block.parts[0]
-        first = int(self._starts[index]) + start  # blocks are consecutive columns of the concatenation
-        picked = self._matrix_rows if isinstance(rows, range) and len(rows) == self.n else self._matrix_rows[list(rows)]
-        return self._matrix[picked, first:first + block.width]
+        return int(self._starts[index]) + start  # blocks are consecutive columns of the concatenation
+
+    def _picked(self, rows: Sequence[int]) -> np.ndarray | None:
+        """The matrix's indices of ``rows``; None for all of its rows in order (read as one stretch)."""
+        everything = isinstance(rows, range) and len(rows) == self.n
+        if everything and self._all_in_order:
+            return None
+        return self._matrix_rows if everything else self._matrix_rows[list(rows)]
 
     def _scale_block(self, out: np.ndarray, rows: Sequence[int]) -> None:
         """Clip the rows of ``out`` (float64, one row per update) in place."""
@@ -240,11 +259,11 @@ class UpdateStack:
         return {name: arrays[name] for name in self.layout}
 
 
-def _shared_matrix(rows: Sequence[NamedArrays], float_names: list[str]) -> tuple[np.ndarray | None, np.ndarray]:
+def _shared_matrix(rows: Sequence[NamedArrays], float_names: list[str]) -> tuple[RowMatrix | None, np.ndarray]:
     """The one RowMatrix every row lives in, with the rows' indices in it; (None, empty) otherwise."""
     if not rows or not all(isinstance(row, MatrixRow) for row in rows):
         return None, np.empty(0, dtype=np.int64)
     owner = rows[0].rows  # type: ignore[attr-defined]
     if any(row.rows is not owner for row in rows) or owner.float_names != float_names:  # type: ignore[attr-defined]
         return None, np.empty(0, dtype=np.int64)
-    return owner.matrix, np.array([row.index for row in rows], dtype=np.int64)  # type: ignore[attr-defined]
+    return owner, np.array([row.index for row in rows], dtype=np.int64)  # type: ignore[attr-defined]

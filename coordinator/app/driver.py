@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol, TypeVar
 
+from coordinator.admission.intake import Opened
 from coordinator.round.actions import Action, Background, Publish, Resumed, RoundClosed, Save
 from coordinator.round.closure import Closure
 from coordinator.round.engine import RoundEngine
@@ -68,7 +69,10 @@ class EngineDriver:
                       str(self.store.directory), self.store.load(FRESHNESS))
         self.perform(self.engine.restore(saved))
 
-    def on_message(self, topic: str, payload: bytes) -> None:
+    def on_message(self, topic: str, payload: bytes, opened: Opened | None = None) -> None:
+        """``opened``: the update ``payload`` carries, already opened off the loop (app/openers.py)."""
+        if opened is not None:
+            self.engine.parts.intake.hand(opened)
         self.perform(self.engine.on_message(topic, payload))
 
     def on_connection(self, connected: bool, session_present: bool = True) -> None:

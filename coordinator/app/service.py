@@ -10,10 +10,12 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.admission.intake import Opened
 from coordinator.app.driver import EngineDriver
 from coordinator.app.gate import SenderGate, sender_bounds
 from coordinator.app.http_server import HealthServer
 from coordinator.app.inbox import FairInbox
+from coordinator.app.openers import UPDATE, Openers
 from coordinator.round.engine import RoundEngine
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.checkpoint import CheckpointStore
@@ -49,6 +51,8 @@ class CoordinatorService:
         self._gate = SenderGate(parts.topics, self.metrics, parts.enrollment)
         self._inbox = FairInbox(INBOX_BYTES, sender_bounds(settings.max_update_bytes,
                                                            parts.intake.status_limits.max_payload_bytes))
+        # Updates are opened (signature, decoding, norm) on a small pool, handed over in the inbox's order.
+        self._openers = Openers(self._inbox, parts.intake.open)
         self._link: MqttLink | None = None
         self._restored = False
         self._last_loop = time.monotonic()
@@ -69,7 +73,8 @@ class CoordinatorService:
         self._link = MqttLink(
             self.settings.mqtt_client_id, self.settings.broker_address(),
             on_message=lambda topic, payload, retained: self._received(topic, payload),
-            subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1), (topics.all_partials, 1)],
+            subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1), (topics.all_partials, 1),
+                           *([(topics.all_secagg, 1)] if self.settings.secure_aggregation else [])],
             will=Will(topics.coordinator_status, self.engine.offline_status()),
             persistent_session=True,
             backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),
@@ -85,6 +90,7 @@ class CoordinatorService:
             if not self.engine.finished and self._link.connected:
                 self.publish(topics.coordinator_status, self.engine.offline_status(), retain=True)
             self._inbox.close()
+            self._openers.close()
             self._link.stop()
             self.http.stop()
             self._background.shutdown(wait=True)
@@ -96,24 +102,25 @@ class CoordinatorService:
             wait = self.driver.tick()
             if self.engine.finished and self.settings.exit_when_finished:
                 return
-            item = self._inbox.get(timeout=wait)
+            taken = self._openers.next(timeout=wait)
             handled = 0
-            while item is not None:  # drain what else arrived before ticking again (deadlines wait for no backlog)
-                self._dispatch(item)
+            while taken is not None:  # drain what else arrived before ticking again (deadlines wait for no backlog)
+                self._dispatch(*taken)
                 handled += 1
-                item = self._inbox.get(timeout=0) if handled < DRAIN_MAX else None
+                taken = self._openers.next(timeout=0) if handled < DRAIN_MAX else None
 
     def _received(self, topic: str, payload: bytes) -> None:
         """On the network thread: queue a message under its sender, unless the gate or the sender's bound drops it."""
         parsed = self._gate.admit(topic, payload)
-        if parsed is not None and not self._inbox.put(("message", topic, payload), len(payload),
+        kind = UPDATE if parsed is not None and parsed.kind == "update" else "message"
+        if parsed is not None and not self._inbox.put((kind, topic, payload), len(payload),
                                                       sender=parsed.agent_id or "", lane=parsed.kind):
             self._gate.over_bound(parsed, payload, self._inbox.bounds.get(parsed.kind))
 
-    def _dispatch(self, item: tuple[str, object, object]) -> None:
+    def _dispatch(self, item: tuple[str, object, object], opened: Opened | None = None) -> None:
         kind, first, second = item
-        if kind == "message":
-            self.driver.on_message(first, second)  # type: ignore[arg-type]
+        if kind in ("message", UPDATE):
+            self.driver.on_message(first, second, opened)  # type: ignore[arg-type]
         elif kind == "connected":
             assert isinstance(first, Connection)
             if first.reconnect:

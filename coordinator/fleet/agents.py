@@ -6,12 +6,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from coordinator.fleet.freshness import StatusMark, advanced
+from coordinator.fleet.live import LiveIndex
 from protocol.messages import AgentStatus, PrivacySpent
 
 
 @dataclass
 class AgentRecord:
     status: AgentStatus
+    """Replaced only by the registry's methods: its live index counts each record by the status it was told of."""
     last_seen: float
     """Coordinator clock (monotonic) at the last status received, not the agent's own clock."""
     reconnects: int = 0
@@ -61,6 +63,8 @@ class AgentRegistry:
         self._marks: OrderedDict[str, StatusMark] = OrderedDict()
         """The newest (epoch, seq) heard per agent (``coordinator.fleet.freshness``), kept when its record is
         forgotten so that a replay cannot bring it back; as bounded as the records, least recently heard out."""
+        self._index = LiveIndex(self._agents, timeout_s)
+        """Who is live now and their counts, kept by changes: every write to ``_agents`` tells it."""
 
     def refusal(self, agent_id: str, now: float) -> str | None:
         """Why a status of ``agent_id`` cannot be recorded now (full of live agents), or None. Reads only."""
@@ -107,6 +111,7 @@ class AgentRegistry:
             if refusal is not None:
                 raise RegistryFull(refusal)
             del self._agents[oldest.agent_id]
+            self._index.dropped(oldest.agent_id)
             self._close_mark(oldest.agent_id)
         self._marks[status.agent_id] = advanced(self._marks.get(status.agent_id), status.epoch, status.seq)
         self._marks.move_to_end(status.agent_id)
@@ -124,6 +129,7 @@ class AgentRegistry:
         seen = status.reconnects if previous is None or restarted else max(previous.reconnects, status.reconnects)
         self._agents[status.agent_id] = AgentRecord(status, now, seen)
         self._agents.move_to_end(status.agent_id)
+        self._index.heard(status.agent_id)
         return Observation(restarted=restarted, new_reconnects=new_reconnects)
 
     def forget_silent(self, now: float, after_s: float) -> list[str]:
@@ -135,6 +141,7 @@ class AgentRegistry:
                 break
             gone.append(oldest.agent_id)
             del self._agents[oldest.agent_id]
+            self._index.dropped(oldest.agent_id)
             self._close_mark(oldest.agent_id)
         return gone
 
@@ -143,10 +150,12 @@ class AgentRegistry:
         record = self._agents.get(agent_id)
         if record is not None:
             record.status = record.status.model_copy(update={"state": "budget_exhausted", "privacy": privacy})
+            self._index.changed(agent_id)
 
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""
-        self._agents.pop(agent_id, None)
+        if self._agents.pop(agent_id, None) is not None:
+            self._index.dropped(agent_id)
         self._close_mark(agent_id)
 
     def __len__(self) -> int:
@@ -163,30 +172,28 @@ class AgentRegistry:
         record = self._agents.get(agent_id)
         return record is not None and record.status.state != "offline" and record.heard_within(now, self.timeout_s)
 
-    def _live(self, now: float) -> list[AgentRecord]:
-        """Heard from within the timeout, sorted by id."""
-        return sorted((r for r in self._agents.values() if r.heard_within(now, self.timeout_s)),
-                      key=lambda r: r.agent_id)
-
     def available(self, now: float) -> list[AgentRecord]:
-        """Agents that may be selected to train: online, heard from recently, budget not spent."""
-        return [r for r in self._live(now) if r.can_train()]
+        """Agents that may be selected to train: online, heard from recently, budget not spent; sorted by id."""
+        index, agents = self._index, self._agents
+        return [agents[a] for a in index.sorted_ids(now) if index.counted(a).trains]
 
     def evaluable(self, now: float) -> list[AgentRecord]:
         """Agents that may score a model on their held-out data: the available ones, and those whose DP
         budget is spent (evaluation trains nothing and spends no budget; their training records stay out)."""
-        return [r for r in self._live(now) if r.status.state in ("online", "budget_exhausted")]
+        index, agents = self._index, self._agents
+        return [agents[a] for a in index.sorted_ids(now) if index.counted(a).state in ("online", "budget_exhausted")]
 
     def budget_spent_count(self, now: float) -> int:
-        return sum(1 for r in self._live(now) if r.status.state == "budget_exhausted")
+        return self._index.budget_spent(now)
 
     def count_by_family(self) -> dict[str, int]:
         """Agents known per model family, online or not: the population a round samples from."""
         return dict(Counter(r.status.family for r in self._agents.values()))
 
     def online_by_device(self, now: float) -> Counter[str]:
-        return Counter(r.status.device for r in self.available(now))
+        """Available agents (:meth:`available`) per device: O(devices), read on every gauge refresh."""
+        return self._index.available_by_device(now)
 
     def denied_by_device(self, now: float) -> Counter[str]:
         """Agents heard within the timeout whose broker refused some of their messages (``denied``)."""
-        return Counter(r.status.device for r in self._live(now) if r.status.denied)
+        return self._index.denied_by_device(now)

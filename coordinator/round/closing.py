@@ -64,9 +64,10 @@ def summarise(closure: Closure, cap_multiple: float) -> RoundSummary:
         families={f: FamilySummary(answered_by_family[f], m.accuracy, m.loss)
                   for f, m in metrics_by_family(updates, cap_multiple).items()},
         accuracy_median=overall.accuracy_median, accuracy_min=overall.accuracy_min, accuracy_max=overall.accuracy_max,
-        detail=closure.detail, publish_s=round(open_round.publish_s, 4), collect_s=round(closure.collect_s, 4),
+        detail=closure.detail or (open_round.secure or {}).get("failure"),
+        publish_s=round(open_round.publish_s, 4), collect_s=round(closure.collect_s, 4),
         aggregate_s=round(closure.aggregate_s, 4), clipped_claims=sorted(open_round.clipped_claims),
-        clipped_norms=sorted(open_round.clipped_norms), sites=dict(open_round.sites),
+        clipped_norms=sorted(open_round.clipped_norms), sites=dict(open_round.sites), secure=open_round.secure,
     )
 
 

@@ -36,6 +36,7 @@ from coordinator.round.closure import Closure
 from coordinator.round.parts import EngineParts
 from coordinator.round.resume import Saved
 from coordinator.round.run_state import RunState
+from coordinator.round.secure import SecureRounds
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.rounds import OpenRound, RoundSummary
 from coordinator.strategies.base import Strategy
@@ -61,6 +62,8 @@ class RoundEngine:
         self.parts = EngineParts.build(settings, strategy, metrics, clock=clock, wall_clock=wall_clock,
                                        signing_key=signing_key)
         self.run = RunState(session=secrets.token_hex(6))
+        if settings.secure_aggregation:
+            self.parts.secure = SecureRounds(settings)
 
     # -- read-only views of the run, for the driver, probes and tests ---------------------
     @property
@@ -106,6 +109,9 @@ class RoundEngine:
 
     def on_message(self, topic: str, payload: bytes) -> list[Action]:
         parts, run = self.parts, self.run
+        if parts.secure is not None and topic.startswith(f"{parts.topics.root}/secagg/"):
+            parts.secure.receive(parts, run, topic, payload)  # a secure round's stage message
+            return parts.actions.drain()
         inbound = parts.intake.receive(topic, payload, parts.strategy.states)
         if isinstance(inbound, Refused):
             applying.refused(parts, run, inbound)
@@ -176,8 +182,10 @@ class RoundEngine:
             if opening.maybe_open(parts, run, now):
                 self._replay_deferred()
             return 0.2
+        if parts.secure is not None:
+            parts.secure.advance(parts, run, now)
         if parts.policy.closes(run.open, now):
-            parts.actions.add(closing.begin_close(parts, run, now))
+            parts.actions.add(closing.begin_close(parts, run, now, run.open.ending))
             return 0.0
         return max(0.0, min(run.open.deadline - now, 0.5))
 

@@ -65,6 +65,8 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     chosen = set(selected)  # once: the pool may hold 50,000 agents and a round select 10,000
     families = {r.status.family for r in pool if r.agent_id in chosen}
     announcement = announce(parts, run, number, task, selected, families)
+    if parts.secure is not None:  # a secure round declares its sessions (coordinator/round/secure.py)
+        announcement = parts.secure.plan(parts, announcement, {r.agent_id: r for r in pool if r.agent_id in chosen})
     claims = [r.status.num_samples for r in pool if r.agent_id in chosen]
     median_claim = float(statistics.median(claims)) if claims else None
     plain = encode_message(announcement)
@@ -73,6 +75,8 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     payload = parts.publisher.sealed(plain)
     run.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted, median_claim=median_claim)
     begin(parts, run)
+    if parts.secure is not None:
+        parts.secure.begin(parts, run)
     started = time.perf_counter()
     run.open.bytes_out += publish_states(parts, run)
     run.open.bytes_out += parts.publisher.publish(parts.topics.rounds_current, payload, "round", retain=True)
@@ -104,7 +108,7 @@ def announce(parts: EngineParts, run: RunState, number: int, task: str, selected
         run_id=run.run_id, round=number, task=task, task_ref=parts.task.card.ref,
         layouts={f: parts.task.layouts[f] for f in sorted(families)}, algorithm=parts.strategy.algorithm,
         training=LocalTraining(epochs=s.local_epochs, learning_rate=s.learning_rate, momentum=s.momentum,
-                               weight_decay=s.weight_decay, batch_size=s.batch_size),
+                               weight_decay=s.weight_decay, batch_size=s.batch_size, steps=s.local_steps),
         params=parts.strategy.round_params(number), selected=selected,
         states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in parts.strategy.states.items()},
         init_seed=s.init_seed, issued_at=parts.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,

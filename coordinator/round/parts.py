@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from coordinator.admission.intake import Intake
 from coordinator.admission.task_agreement import TaskAgreement
@@ -33,7 +34,25 @@ from protocol.security.signing import SigningKey
 from protocol.security.trust import OPEN, Trust
 from protocol.topics import Topics
 
+if TYPE_CHECKING:
+    from coordinator.fleet.agents import AgentRecord
+    from coordinator.round.run_state import RunState
+    from protocol.messages import RoundAnnouncement
+
 log = logging.getLogger(__name__)
+
+
+class SecureStages(Protocol):
+    """What the engine, opening a round and routing messages, asks of secure aggregation's driver."""
+
+    def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
+             records: dict[str, AgentRecord]) -> RoundAnnouncement: ...
+
+    def begin(self, parts: EngineParts, run: RunState) -> None: ...
+
+    def receive(self, parts: EngineParts, run: RunState, topic: str, payload: bytes) -> None: ...
+
+    def advance(self, parts: EngineParts, run: RunState, now: float) -> None: ...
 
 
 @dataclass
@@ -65,6 +84,8 @@ class EngineParts:
     notices: NoticeLimiter
     """Which refusals earn their agent a notice, and how often."""
     duplicates: DuplicateWatch
+    secure: SecureStages | None = None
+    """Secure aggregation's stages (``coordinator/round/secure.py``, set by the engine), with ``secure_aggregation`` on."""
 
     @classmethod
     def build(cls, settings: CoordinatorSettings, strategy: Strategy, metrics: CoordinatorMetrics, *,

@@ -52,8 +52,10 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
     open_round, m = run.open, parts.metrics
     open_round.partials.add((site, partial.family))
     open_round.bytes_in += inbound.size
-    counts = open_round.sites.setdefault(site, {"accepted": 0, "rejected": 0, "stragglers": 0, "bytes": 0})
-    counts["bytes"] += partial.bytes_in
+    counts = open_round.sites.setdefault(site, {"accepted": 0, "rejected": 0, "stragglers": 0, "bytes": 0,
+                                                "bytes_up": 0})
+    counts["bytes"] += partial.bytes_in  # the updates the site took in, which stayed there
+    counts["bytes_up"] += inbound.size  # what crossed its bridge instead
     # What the round keeps of each accepted agent: no arrays (folded), but a bootstrap's agreed proposal, shared.
     base = Update.model_construct(run_id=partial.run_id, round=partial.round, task=open_round.announcement.task,
                                   task_ref=open_round.announcement.task_ref, family=partial.family,

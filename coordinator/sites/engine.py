@@ -9,8 +9,11 @@ deadline, or once every agent of the site the round selected has an outcome, and
 ``PartialAggregate`` per family up the bridge. Agents' updates never leave the site.
 
 Its state is the open round only: a restarted site aggregator has lost what it had folded, and reports
-the round's agents as stragglers at its deadline (the root never counts anything twice: a second partial
-of a site and family, or one naming an agent already counted, is refused whole).
+those agents as stragglers at its deadline (the root never counts anything twice: a second partial
+of a site and family, or one naming an agent already counted, is refused whole). What its persistent
+session queued on the site broker while it was down is not lost: updates that arrive before their
+round's announcement or their agent's status are held until those come (``held.py``), and for
+``SETTLE_S`` after each (re)connect the round does not close early, while the retained statuses land.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from coordinator.fleet.enrollment import Enrollment
 from coordinator.policies.synchronous import SynchronousPolicy
 from coordinator.reasons import RejectReason
 from coordinator.sites.folding import SiteRound
+from coordinator.sites.held import HeldUpdates
 from coordinator.sites.settings import SiteSettings
 from coordinator.state.applied import AppliedVersions
 from coordinator.state.rounds import OpenRound
@@ -51,6 +55,9 @@ log = logging.getLogger(__name__)
 
 ANNOUNCEMENT_LIMITS = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
 Outgoing = list[tuple[str, bytes]]
+SETTLE_S = 1.0
+"""After a (re)connect, the round closes only at its deadline for this long: the broker is replaying the retained
+statuses, and a round whose known agents all answered may still have agents whose status is on its way."""
 
 
 class SitePayloads:
@@ -97,6 +104,11 @@ class SiteEngine:
                              self.task.card.num_classes, self.rejects)
         self.run_id, self.epoch, self.next_round = "", 0, 1
         self.round: SiteRound | None = None
+        self.held = HeldUpdates(settings.max_known_agents)
+        self._mine_now: dict[str, str] | None = None
+        """``_mine()`` of the open round, kept as statuses come and go (the round may select many more agents
+        than the site has: computed from the selection once per round, not at every message)."""
+        self.settle_until = 0.0
         self.sent: list[int] = []
         """Rounds whose partials this process published (for tests and logs)."""
 
@@ -108,12 +120,16 @@ class SiteEngine:
         if isinstance(inbound, StatusIn):
             self._status(inbound)
         elif isinstance(inbound, StatusCleared):
-            self.registry.forget(inbound.agent_id)
+            self._forget(inbound.agent_id)
         elif isinstance(inbound, UpdateIn):
             self._update(inbound)
         elif isinstance(inbound, Refused):
             self.rejects.record(inbound.kind, inbound.reject.reason.value, inbound.sender, inbound.reject.detail)
         return []
+
+    def connected(self) -> None:
+        """The link to the site broker (re)connected: retained statuses are on their way (see ``SETTLE_S``)."""
+        self.settle_until = self.clock() + SETTLE_S
 
     def tick(self) -> tuple[float, Outgoing]:
         """Close the round when its site deadline passed or every agent of the site answered."""
@@ -121,7 +137,7 @@ class SiteEngine:
         if r is None:
             return 0.5, []
         mine = self._mine()
-        if now >= r.open.deadline or (mine and all(a in r.outcomes for a in mine)):
+        if now >= r.open.deadline or (now >= self.settle_until and mine and mine.keys() <= r.outcomes.keys()):
             return 0.0, self._close()
         return max(0.0, min(r.open.deadline - now, 0.5)), []
 
@@ -138,8 +154,15 @@ class SiteEngine:
     def _mine(self) -> dict[str, str]:
         """Agents of this site the open round selected (those whose status the site broker holds) -> family."""
         assert self.round is not None
-        families = ((a, self.registry.family_of(a)) for a in self.round.open.selected)
-        return {a: f for a, f in families if f is not None}
+        if self._mine_now is None:
+            families = ((a, self.registry.family_of(a)) for a in self.round.open.selected)
+            self._mine_now = {a: f for a, f in families if f is not None}
+        return self._mine_now
+
+    def _forget(self, agent_id: str) -> None:
+        self.registry.forget(agent_id)
+        if self._mine_now is not None:
+            self._mine_now.pop(agent_id, None)
 
     def _announced(self, payload: bytes) -> Outgoing:
         if not payload:  # the root cleared a stale announcement
@@ -164,23 +187,47 @@ class SiteEngine:
         open_round = OpenRound(announcement, payload, deadline, now, len(announcement.selected),
                                median_claim=float(statistics.median(claims)) if claims else None)
         self.payloads.announcement = announcement
+        self._mine_now = None
         self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio)
         self.next_round = announcement.round
         log.info("site %s: round %d open, %d of its agents selected, closing in %.1fs", self.settings.site_id,
                  announcement.round, len(self._mine()), deadline - now)
+        self._release(lambda inbound: not self._waiting(inbound.update))
         return out
 
     def _status(self, inbound: StatusIn) -> None:
         decision = admit_status(inbound.status, inbound.agent_id, inbound.signer, self._view())
         if isinstance(decision, Forget):
-            self.registry.forget(decision.agent_id)
+            self._forget(decision.agent_id)
         elif isinstance(decision, Reject):
             self.rejects.record("agent_status", decision.reason.value, inbound.agent_id, decision.detail)
         elif isinstance(decision, Observe):
             self.registry.observe(decision.status.model_copy(update={"label_counts": None}), self.clock())
+            agent_id = decision.status.agent_id
+            if self._mine_now is not None and self.round is not None and agent_id in self.round.open.selected_set:
+                self._mine_now[agent_id] = decision.status.family
+            self._release(lambda inbound: inbound.update.agent_id == agent_id and not self._waiting(inbound.update))
+
+    def _waiting(self, update: Update) -> bool:
+        """Its round's announcement, or its agent's status, is not heard yet (see ``held.py``)."""
+        if update.round < self.next_round:
+            return False  # a closed round's: late, judged now
+        r = self.round
+        return r is None or update.round > r.open.number or self.registry.get(update.agent_id) is None
+
+    def _release(self, ready: Callable[[UpdateIn], bool]) -> None:
+        for inbound in self.held.release(ready):
+            self._update(inbound)
 
     def _update(self, inbound: UpdateIn) -> None:
         update = inbound.update
+        if self._waiting(update):
+            if self.held.hold(inbound):
+                return
+            self.metrics.updates.labels("rejected").inc()
+            self.rejects.record("update", RejectReason.DEFERRED_OVERFLOW.value, update.agent_id,
+                                f"{len(self.held)} updates already wait for their round or status")
+            return
         decision = admit_update(inbound.topic, update, self._view(), self.policy)
         mine = self.round is not None and update.round == self.round.open.number and \
             update.agent_id in self.round.open.selected_set
@@ -201,7 +248,7 @@ class SiteEngine:
     def _close(self) -> Outgoing:
         r = self.round
         assert r is not None
-        self.round, self.next_round = None, r.open.number + 1
+        self.round, self.next_round, self._mine_now = None, r.open.number + 1, None
         partials = r.partials(self.run_id, self.settings.site_id, self._mine_of(r))
         out = []
         for partial in partials:
@@ -213,6 +260,7 @@ class SiteEngine:
                      self.settings.site_id, partial.round, partial.family, partial.count, partial.total_weight,
                      len(partial.outcomes), len(payload))
         self.sent.append(r.open.number)
+        self._release(lambda inbound: not self._waiting(inbound.update))  # a closed round's: late now
         return out
 
     def _mine_of(self, r: SiteRound) -> dict[str, str]:

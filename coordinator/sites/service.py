@@ -13,10 +13,13 @@ from coordinator.sites.engine import SiteEngine
 from coordinator.sites.settings import SiteSettings
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.security.signing import PublicKey
-from protocol.transport.mqtt import Backoff, MqttLink
+from protocol.transport.mqtt import Backoff, Connection, MqttLink
 from service_kit.keys import load_or_create_signing_key
 
 log = logging.getLogger(__name__)
+
+CONNECTED = ("", b"")
+"""Put in the inbox when the link (re)connects: the engine hears of it on its own thread, in order."""
 
 
 def coordinator_key(path: Path | None) -> PublicKey | None:
@@ -41,7 +44,8 @@ class SiteService:
             self.settings.mqtt_client_id, self.settings.broker_address(),
             on_message=lambda topic, payload, retained: self._inbox.put((topic, payload)),
             subscriptions=[(topics.rounds_current, 1), (topics.all_agent_status, 1), (topics.all_updates, 1)],
-            persistent_session=True, backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s))
+            persistent_session=True, backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),
+            on_connected=self._connected)
         self._link.start()
         log.info("site %s: aggregating for federation %s", self.settings.site_id, self.settings.federation)
         try:
@@ -49,13 +53,21 @@ class SiteService:
                 wait, out = self.engine.tick()
                 self._publish(out)
                 try:
-                    topic, payload = self._inbox.get(timeout=max(0.01, wait))
+                    item = self._inbox.get(timeout=max(0.01, wait))
                 except queue.Empty:
                     continue
-                self._publish(self.engine.on_message(topic, payload))
+                if item is CONNECTED:
+                    self.engine.connected()
+                    continue
+                self._publish(self.engine.on_message(*item))
         finally:
             self._link.stop()
         return 0
+
+    def _connected(self, connection: Connection) -> None:
+        log.info("site %s: connected to %s (session present: %s)", self.settings.site_id, self.settings.broker_address(),
+                 connection.session_present)
+        self._inbox.put(CONNECTED)
 
     def _publish(self, out: list[tuple[str, bytes]]) -> None:
         assert self._link is not None

@@ -40,6 +40,12 @@ class OpenRound:
     site_stragglers: set[str] = field(default_factory=set)
     sites: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per site: its agents accepted, rejected and straggling, and the update bytes it took in."""
+    secure_done: bool = False
+    """Secure aggregation (``coordinator/round/secure.py``): the sum is unmasked, or the round failed; it closes."""
+    ending: tuple[str, str] | None = None
+    """(outcome, reason) a round closes with whatever answered (a secure round under its threshold)."""
+    secure: dict[str, Any] | None = None
+    """Secure aggregation's account of the round, for ``rounds.jsonl``: stages, dropouts, whose masks were recovered."""
 
     @property
     def number(self) -> int:
@@ -121,6 +127,10 @@ class RoundSummary:
     """Agents whose delta was clipped to ``max_norm_ratio`` x the round's median norm."""
     sites: dict[str, dict[str, int]] = field(default_factory=dict)
     """Per site aggregator that sent a partial: its agents accepted, rejected, straggling, and update bytes."""
+    secure: dict[str, Any] | None = None
+    """A securely aggregated round: per family its survivors, the agents whose masks were recovered (self-masks
+    of survivors that did not answer the unmasking, pairwise masks of dropped agents), per stage durations,
+    dropouts and bytes."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -4,7 +4,8 @@
 An entry's value is a factory from the coordinator's settings to a fresh ``Strategy``; it
 declares the settings it reads and its compatibility: ``modes`` (round policies, the ``mode``
 setting), ``payloads`` (what its updates carry: ``weights``, ``delta``, ``control``,
-``prototypes``) and ``dp`` (whether agents training under DP can take part: ``off``, ``on``).
+``prototypes``), ``dp`` (whether agents training under DP can take part: ``off``, ``on``) and
+``secure`` (whether it runs under secure aggregation, ``coordinator/policies/secure.py``).
 
 Built-ins are registered here by reference, ``"module:function"``, and imported when first
 built, the way installed plugins are named by their entry points (``edgefl.algorithms``):
@@ -46,17 +47,20 @@ def by_reference(reference: str) -> StrategyFactory:
 ALGORITHMS.register(
     "fedavg", by_reference("coordinator.strategies.fedavg:build"),
     summary="FedAvg: the sample-weighted mean of the agents' deltas",
-    settings=("server_learning_rate",), modes=BOTH_MODES, payloads=("weights", "delta"), dp=DP_EITHER)
+    settings=("server_learning_rate",), modes=BOTH_MODES, payloads=("weights", "delta"), dp=DP_EITHER,
+    secure=("off", "on"))
 ALGORITHMS.register(
     "fedprox", by_reference("coordinator.strategies.fedprox:build"),
     summary="FedProx: FedAvg whose agents add a proximal term mu/2 ||w - w_global||^2",
-    settings=("prox_mu", "server_learning_rate"), modes=BOTH_MODES, payloads=("weights", "delta"), dp=DP_EITHER)
+    settings=("prox_mu", "server_learning_rate"), modes=BOTH_MODES, payloads=("weights", "delta"), dp=DP_EITHER,
+    secure=("off", "on"))
 ALGORITHMS.register(
     "scaffold", by_reference("coordinator.strategies.scaffold:build"),
     summary="SCAFFOLD: deltas corrected by control variates (local momentum 0)",
-    settings=("server_learning_rate",), modes=("sync",), payloads=("weights", "delta", "control"), dp=DP_EITHER)
+    settings=("server_learning_rate",), modes=("sync",), payloads=("weights", "delta", "control"), dp=DP_EITHER,
+    secure=("off",))
 ALGORITHMS.register(
     "fedproto", by_reference("coordinator.strategies.fedproto:build"),
     summary="FedProto: agents of any model family share class prototypes, never weights",
     settings=("proto_lambda", "proto_warmup_rounds", "proto_momentum", "proto_normalize"), modes=("sync",),
-    payloads=("prototypes",), dp=DP_EITHER)
+    payloads=("prototypes",), dp=DP_EITHER, secure=("off",))

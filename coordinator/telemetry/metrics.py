@@ -120,6 +120,13 @@ class CoordinatorMetrics:
                                      ["phase"], buckets=_ROUND_BUCKETS, registry=r)
         for phase in ROUND_PHASES:  # present from the start, so rate() sees the first round too
             self.round_phase.labels(phase)
+        # Secure aggregation (coordinator/round/secure.py): per SecAgg+ stage.
+        self.secagg_stage = Histogram("fl_secagg_stage_seconds", "Time each secure-aggregation stage stayed open",
+                                      ["stage"], buckets=_ROUND_BUCKETS, registry=r)
+        self.secagg_dropouts = Counter("fl_secagg_dropouts_total", "Agents that took part in the previous "
+                                       "secure-aggregation stage but not in this one", ["stage"], registry=r)
+        self.secagg_bytes = Counter("fl_secagg_bytes_total", "Payload bytes of secure-aggregation stage messages, "
+                                    "by stage and direction", ["stage", "direction"], registry=r)
         self.staleness = Histogram("fl_update_staleness_versions",
                                    "Global versions published between an accepted update's base and its arrival "
                                    "(asynchronous rounds; 0 in synchronous ones)", buckets=_STALENESS_BUCKETS,

@@ -53,16 +53,23 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
     acl = tmp_path / "acl"
     acl.write_text("".join(line if line.startswith("#") else line.replace("fl/default/", f"fl/{FEDERATION}/")
                            for line in (DEPLOY / "acl").read_text().splitlines(keepends=True)) + WATCHER)
-    config = (DEPLOY / "mosquitto.conf").read_text()
-    for old, new in {"listener 1883\n": f"listener {port} 127.0.0.1\n",
-                     "/mosquitto/config/passwd": str(passwd), "/mosquitto/config/acl": str(acl),
-                     "persistence true": "persistence false", "/mosquitto/data/": f"{tmp_path}/"}.items():
+    yield from run_configured(binary, DEPLOY / "mosquitto.conf", tmp_path, port, {
+        "/mosquitto/config/passwd": str(passwd), "/mosquitto/config/acl": str(acl)})
+
+
+def run_configured(binary: str, config_file: Path, data: Path, port: int,
+                   replace: dict[str, str]) -> Iterator[Broker]:
+    """Mosquitto on ``config_file`` made local: listening on 127.0.0.1:``port``, its data in ``data``,
+    no persistence, running as this user, with ``replace``'s substitutions (each must occur)."""
+    config = config_file.read_text()
+    for old, new in {"listener 1883\n": f"listener {port} 127.0.0.1\n", "persistence true": "persistence false",
+                     "/mosquitto/data/": f"{data}/", **replace}.items():
         assert old in config, old
         config = config.replace(old, new)
-    (tmp_path / "mosquitto.conf").write_text(config + f"user {getpass.getuser()}\n")
-    log = tmp_path / "mosquitto.log"
+    (data / "mosquitto.conf").write_text(config + f"user {getpass.getuser()}\n")
+    log = data / "mosquitto.log"
     with log.open("wb") as out:
-        process = subprocess.Popen([binary, "-c", str(tmp_path / "mosquitto.conf")], stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen([binary, "-c", str(data / "mosquitto.conf")], stdout=out, stderr=subprocess.STDOUT)
     try:
         assert wait_for_port("127.0.0.1", port, 10), log.read_text()
         yield Broker(port, process, log)

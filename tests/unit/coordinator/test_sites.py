@@ -109,8 +109,9 @@ def test_the_mean_over_sites_equals_flat_fedavg_over_the_same_updates(tmp_path: 
         np.testing.assert_allclose(got.weights[name], (first[name] + mean).astype(np.float32), rtol=1e-6, atol=1e-7)
     summary = root.last_summary
     assert summary.task == "evaluate" and summary.answered == len(SAMPLES) and summary.stragglers == 0
-    assert summary.sites == {s: {"accepted": len(a), "rejected": 0, "stragglers": 0, "bytes": summary.sites[s]["bytes"]}
-                             for s, a in SITES.items()}
+    assert summary.sites == {s: {"accepted": len(a), "rejected": 0, "stragglers": 0, "bytes": summary.sites[s]["bytes"],
+                                 "bytes_up": summary.sites[s]["bytes_up"]} for s, a in SITES.items()}
+    assert all(0 < counts["bytes_up"] < counts["bytes"] for counts in summary.sites.values())
     assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "completed"}) == 3
 
 
@@ -144,7 +145,8 @@ def test_a_sites_rejects_and_stragglers_reach_the_root_and_nothing_counts_twice(
     summary = root.last_summary
     assert summary.outcome == "completed" and summary.answered == 2
     assert summary.stragglers == 1 and summary.rejected == 1  # c4; c2, rejected at the site for its run id
-    assert summary.sites["s3"] == {"accepted": 2, "rejected": 1, "stragglers": 1, "bytes": summary.sites["s3"]["bytes"]}
+    assert summary.sites["s3"] == {"accepted": 2, "rejected": 1, "stragglers": 1, "bytes": summary.sites["s3"]["bytes"],
+                                   "bytes_up": len(sent)}
     assert rejected(metrics, "wrong_run") == 1
 
 
@@ -196,3 +198,55 @@ def test_a_partial_of_another_run_or_round_is_refused(tmp_path: Path, field: str
                                total_weight=0.0, count=0, outcomes={})
     root.on_message(TOPICS.partial("s1", 1), encode_message(partial.model_copy(update={field: value})))
     assert rejected(metrics, reason, kind="partial") == 1
+
+
+def test_a_restarted_site_holds_updates_that_come_before_their_announcement_and_statuses(tmp_path: Path) -> None:
+    """What its persistent session queued while it was down may reach a restarted site aggregator before the retained
+    announcement and statuses: held, then judged once those come; one partial, every agent counted once."""
+    clock = Clock()
+    root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    for agent_id in SITES["s2"]:
+        hello(root, agent_id, samples=SAMPLES[agent_id])
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site = site_engine(tmp_path, "s2", clock)  # just (re)started: knows no run, round or agent yet
+    site.connected()
+    for agent_id in SITES["s2"]:  # the session's queue first
+        message = answer(announcement, agent_id, root.run.run_id, weights(1.0))
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(message))
+    site.on_message(TOPICS.rounds_current, payload)
+    hello(site, "b1", samples=SAMPLES["b1"])  # type: ignore[arg-type]
+    assert site.tick()[1] == [] and len(site.held) == 1  # b1 judged; b2 waits for its status
+    hello(site, "b2", samples=SAMPLES["b2"])  # type: ignore[arg-type]
+    assert site.tick()[1] == []  # every known agent answered, but statuses may still be landing
+    clock.now += 1.0
+    _, out = site.tick()
+    (topic, sent), = out
+    partial = decode_message(sent, PartialAggregate)
+    assert {a: o.outcome for a, o in partial.outcomes.items()} == {"b1": "accepted", "b2": "accepted"}
+    root.on_message(topic, sent)
+    root.tick()
+    assert root.last_summary.outcome == "completed" and root.last_summary.answered == 2
+    assert not site.metrics.registry.get_sample_value("fl_updates_total", {"outcome": "rejected"})
+
+
+def test_a_site_judges_what_it_held_when_the_round_closes(tmp_path: Path) -> None:
+    """An update whose agent never says hello is held no longer than its round: refused (late) at the close."""
+    clock = Clock()
+    root, outbox, _ = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    for agent_id in SITES["s2"]:
+        hello(root, agent_id, samples=SAMPLES[agent_id])
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site = site_engine(tmp_path, "s2", clock)
+    site.on_message(TOPICS.rounds_current, payload)
+    hello(site, "b1", samples=SAMPLES["b1"])  # type: ignore[arg-type]
+    message = answer(announcement, "b2", root.run.run_id, weights(1.0))
+    site.on_message(TOPICS.update("b2", 1), encode_message(message))
+    assert len(site.held) == 1
+    clock.now += 0.8 * 10.0
+    (_, sent), = site.tick()[1]
+    assert set(decode_message(sent, PartialAggregate).outcomes) == {"b1"} and len(site.held) == 0
+    assert site.metrics.registry.get_sample_value("fl_updates_total", {"outcome": "rejected"}) == 1

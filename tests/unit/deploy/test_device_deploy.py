@@ -261,7 +261,9 @@ def test_the_lab_fleet_is_heterogeneous_and_keeps_its_state(
         settings = resolve(AgentSettings, agent_app, service["command"], lab_env(service, "FL_AGENT_"), monkeypatch,
                            {"/enrolled/coordinator.pub": coordinator_pub})
         assert settings.broker_username == settings.agent_id and settings.broker_password is not None, name
-        assert settings.broker_url == "mqtt://broker:1883" and settings.straggler_model() is not None
+        # Each agent talks to its site's broker only (tests/unit/deploy/test_compose_sites.py checks the sites).
+        assert re.fullmatch(r"mqtt://site\d+-broker:1883", settings.broker_url) and settings.straggler_model()
+        assert service["depends_on"][settings.broker_url[7:-5]]["condition"] == "service_started", name
         assert str(settings.signing_key_file) == "/enrolled/agent_key.pem", name
         state_volume, enrolled = service["volumes"]
         source, target = state_volume.split(":")
@@ -275,8 +277,11 @@ def test_the_lab_fleet_is_heterogeneous_and_keeps_its_state(
     assert partitions == {len(fleet)} and sorted(s.partition_index for s in fleet.values()) == list(range(len(fleet)))
 
     enroll = parse_args(coordinator_app, lab["services"]["enroll"]["command"])
-    assert sorted(enroll["agent_ids"]) == sorted(fleet)
-    assert lab["services"]["broker"]["environment"]["LAB_CLIENTS"].split() == ["coordinator", *fleet]
+    sites = lab["services"]["broker"]["environment"]["LAB_SITES"].split()
+    assert sorted(enroll["agent_ids"]) == sorted([*fleet, *sites])
+    assert lab["services"]["broker"]["environment"]["LAB_CLIENTS"].split() == ["coordinator"]
+    site_clients = [c for s in sites for c in lab["services"][f"{s}-broker"]["environment"]["LAB_CLIENTS"].split()]
+    assert sorted(c for c in site_clients if c != "site-aggregator") == sorted(fleet)
 
 
 def mosquitto_conf(path: Path) -> dict[str, str]:
@@ -298,12 +303,13 @@ def test_the_coordinator_fits_the_lab_broker_and_its_acl(monkeypatch: pytest.Mon
     lab_conf = mosquitto_conf(COMPOSE_DIR / "mosquitto" / "mosquitto.conf")
     shipped = mosquitto_conf(DEPLOY / "mosquitto" / "mosquitto.conf")
     for key in ("max_queued_messages", "max_queued_bytes", "max_inflight_messages", "max_packet_size",
-                "allow_anonymous", "use_username_as_clientid", "acl_file"):
+                "allow_anonymous", "use_username_as_clientid"):
         assert lab_conf[key] == shipped[key], key
     assert settings.max_update_bytes < int(lab_conf["max_packet_size"])
     mounts = dict(v.split(":")[:2] for v in lab["services"]["broker"]["volumes"])
-    assert mounts["../mosquitto/acl"] == lab_conf["acl_file"]
-    assert Path(lab_conf["password_file"]).parent == Path(mounts["broker-data"])
+    # start-broker.sh reads the shipped ACL where it is mounted and writes the lab's (plus the sites' bridges).
+    assert mounts["../mosquitto/acl"] == shipped["acl_file"]
+    assert Path(lab_conf["password_file"]).parent == Path(mounts["broker-data"]) == Path(lab_conf["acl_file"]).parent
 
 
 def test_the_lab_broker_writes_a_password_entry_per_client(tmp_path: Path) -> None:
@@ -314,9 +320,11 @@ def test_the_lab_broker_writes_a_password_entry_per_client(tmp_path: Path) -> No
     # Stands in for the broker only: the script must hand over to it with the lab config.
     (bin_dir / "mosquitto").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/mosquitto-args\n')
     (bin_dir / "mosquitto").chmod(stat.S_IRWXU)
-    passwd = tmp_path / "passwd"
+    passwd, acl = tmp_path / "passwd", tmp_path / "acl"
+    lab = compose()["services"]["broker"]["environment"]
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "MOSQUITTO_PASSWD_FILE": str(passwd),
-           "LAB_CLIENTS": compose()["services"]["broker"]["environment"]["LAB_CLIENTS"]}
+           "MOSQUITTO_ACL_FILE": str(acl), "MOSQUITTO_ACL_BASE": str(DEPLOY / "mosquitto" / "acl"),
+           "LAB_CLIENTS": lab["LAB_CLIENTS"], "LAB_SITES": lab["LAB_SITES"]}
     script = str(COMPOSE_DIR / "mosquitto" / "start-broker.sh")
     missing = subprocess.run(["sh", script], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert missing.returncode != 0 and "LAB_BROKER_PASSWORD" in missing.stderr
@@ -324,7 +332,14 @@ def test_the_lab_broker_writes_a_password_entry_per_client(tmp_path: Path) -> No
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     users = [line.split(":")[0] for line in passwd.read_text().splitlines()]
-    assert users == env["LAB_CLIENTS"].split()
+    sites = env["LAB_SITES"].split()
+    assert users == env["LAB_CLIENTS"].split() + [f"{s}-bridge" for s in sites] and len(sites) == 2
+    lab_acl = acl.read_text()
+    assert lab_acl.startswith((DEPLOY / "mosquitto" / "acl").read_text())
+    for site in sites:
+        block = lab_acl.split(f"\nuser {site}-bridge\n")[1].split("\n\n")[0].splitlines()
+        assert f"topic write fl/default/sites/{site}/partials/#" in block and "topic read fl/default/notices/#" in block
+        assert "topic write fl/default/agents/+/status" in block and not any("updates" in line for line in block)
     assert "lab-password" not in passwd.read_text() and stat.S_IMODE(passwd.stat().st_mode) == 0o600
     assert (tmp_path / "mosquitto-args").read_text().split() == ["-c", "/mosquitto/config/mosquitto.conf"]
 

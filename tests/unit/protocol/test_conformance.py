@@ -312,6 +312,10 @@ def topic_kind(topic: str) -> str:
     table = {("coordinator", "status"): "coordinator_status", ("rounds", "current"): "round", ("task",): "task"}
     if tuple(rest) in table:
         return table[tuple(rest)]
+    if rest[0] in ("secagg", "secagg_relay"):  # the stage, last, names the kind
+        return f"secagg_{rest[-1]}"
+    if rest[0] == "secagg_inbox":
+        return "secagg_inbox"
     return {"agents": "agent_status", "updates": "update", "global": "global_state", "notices": "notice",
             "sites": "partial"}[rest[0]]
 

@@ -43,8 +43,10 @@ REJECTED = sorted(p.stem for p in (GOLDEN / "reject").glob("*.json"))
 FRESHNESS = sorted(p.stem for p in (GOLDEN / "freshness").glob("*.json"))
 TOPIC_KIND = {"coordinator_status": "coordinator_status", "agent_status": "agent_status", "round": "round",
               "global_state": "global_state", "update": "update", "task": "task", "notice": "notice",
-              "partial": "partial"}
-NOT_RETAINED = {"update", "notice", "partial"}
+              "partial": "partial", "secagg_advertise": "secagg", "secagg_shares": "secagg", "secagg_masked": "secagg",
+              "secagg_reveal": "secagg", "secagg_keys": "secagg_relay", "secagg_unmask": "secagg_relay",
+              "secagg_inbox": "secagg_inbox"}
+NOT_RETAINED = {"update", "notice", "partial", *(k for k in TOPIC_KIND if k.startswith("secagg"))}
 
 
 def sidecar(name: str) -> dict[str, Any]:

@@ -22,8 +22,10 @@ from protocol.messages import (
     Update,
 )
 from protocol.partials import AgentOutcome, PartialAggregate
+from protocol.secagg.wire import SecureSetup
 from protocol.wire import decode_message, encode_message
 
+from .secagg_strategies import SECAGG_STRATEGIES, secure_setups
 from .wire_strategies import (
     agent_statuses,
     assert_same_message,
@@ -65,6 +67,7 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     TaskAnnouncement: task_announcements(),
     Notice: notices,
     PartialAggregate: partials(),
+    **SECAGG_STRATEGIES,
 }
 
 
@@ -98,6 +101,12 @@ def test_partial_round_trips(message: PartialAggregate) -> None:
 
 def test_every_message_model_has_a_strategy() -> None:
     assert set(STRATEGIES) == set(MESSAGE_TYPES.values())
+
+
+@ROUND_TRIP
+@given(round_announcements(), secure_setups)
+def test_a_secure_round_announcement_round_trips(announcement: RoundAnnouncement, setup: SecureSetup) -> None:
+    round_trip(announcement.model_copy(update={"secure": setup}))
 
 
 @ROUND_TRIP

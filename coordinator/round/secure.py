@@ -1,0 +1,376 @@
+"""Secure rounds (SecAgg+) over the broker: the coordinator relays the stages and learns only the sum.
+
+A train round whose families all have a global state is announced with ``RoundAnnouncement.secure``
+(``plan``); bootstrap and evaluation rounds stay plain (their answers are seeded weights and metrics).
+Each family's selected agents form one ``SecAggServer`` session (``protocol.secagg``). The stages close
+on all of a stage's agents answering or on their deadline: advertise (``secagg_stage_s`` after opening)
+-> keys relayed; share (another ``secagg_stage_s``) -> each agent's sealed bundles relayed to it;
+masked inputs (the round's deadline) -> the survivors announced; reveals (``secagg_stage_s`` more) ->
+the masks removed, and the unmasked sum folded into the strategy as one group (as a site's partial is),
+its survivors entering the round as answered agents without arrays. The server keeps only a running
+sum: no individual update is ever held here. A session that aborts (under its threshold at any stage)
+fails the round with the reason, before any share is revealed where the masking stage is the cause.
+A masked input or reveal after its stage closed is refused (``SecAggRefused``): a late agent never
+gets both its self-mask and its pairwise masks revealed. A restart mid-round fails that round: the
+running sum is not checkpointed, and the agents' secrets died with their answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from coordinator.aggregation import AggregationError
+from coordinator.aggregation.running_mean import RunningMean, layout_key
+from coordinator.fleet.agents import AgentRecord
+from coordinator.reasons import RejectReason
+from coordinator.settings import CoordinatorSettings
+from coordinator.state.rounds import OpenRound
+from protocol.compression import CompressionSpec
+from protocol.errors import ProtocolError
+from protocol.messages import RoundAnnouncement, TrainMetrics, Update
+from protocol.secagg.config import RoundConfig
+from protocol.secagg.errors import SecAggAborted, SecAggRefused
+from protocol.secagg.graph import default_degree, default_threshold
+from protocol.secagg.messages import Advertisement, UnmaskResponse
+from protocol.secagg.ring import GRID_LEVELS, ring_bits
+from protocol.secagg.server import SecAggServer
+from protocol.secagg.vector import decode_sum, unpack_masked, vector_length
+from protocol.secagg.wire import (
+    STAGE_MESSAGES,
+    AdvertisedKeys,
+    SecureFamily,
+    SecureInbox,
+    SecureKeys,
+    SecureSetup,
+    SecureUnmask,
+)
+from protocol.security.trust import decode_trusted
+from protocol.wire import encode_message
+
+if TYPE_CHECKING:  # parts.py builds this driver
+    from coordinator.round.parts import EngineParts
+    from coordinator.round.run_state import RunState
+
+log = logging.getLogger("coordinator.round.engine")
+
+STAGES = ("advertise", "share", "mask", "unmask")
+TOPIC_STAGE = {"advertise": "advertise", "shares": "share", "masked": "mask", "reveal": "unmask"}
+FAILED = ("failed", "secure_aggregation")
+
+
+@dataclass
+class Session:
+    """One family's SecAgg+ session in the open round."""
+
+    family: str
+    setup: SecureFamily
+    server: SecAggServer
+    like: dict[str, np.ndarray]
+    """The family's global weights: the layout the sum is read back into."""
+    members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})
+    """Who took part in each stage (U1..U4)."""
+    metrics: dict[str, TrainMetrics] = field(default_factory=dict)
+
+
+@dataclass
+class StageClock:
+    stage: str = "idle"
+    opened: float = 0.0
+    deadline: float = 0.0
+    seconds: dict[str, float] = field(default_factory=dict)
+    bytes_in: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
+    bytes_out: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
+
+
+class SecureRounds:
+    def __init__(self, settings: CoordinatorSettings) -> None:
+        self.settings = settings
+        self.round: tuple[str, int] | None = None
+        self.setup: SecureSetup | None = None
+        self.sessions: dict[str, Session] = {}
+        self.family_of: dict[str, str] = {}
+        self.clock = StageClock()
+        self.skipped: list[str] = []
+        """Families of the round being planned that cannot run a secure session, and why."""
+
+    # -- opening ---------------------------------------------------------------------------
+    def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
+             records: dict[str, AgentRecord]) -> RoundAnnouncement:
+        """The announcement with its ``secure`` part, for a train round whose families all have a state."""
+        states = parts.strategy.states
+        by_family: dict[str, list[str]] = {}
+        for agent in announcement.selected:
+            by_family.setdefault(records[agent].status.family, []).append(agent)
+        if announcement.task != "train" or any(f not in states for f in by_family):
+            return announcement  # evaluation, or a bootstrap round: seeded weights, nothing learned from data
+        s = self.settings
+        levels = GRID_LEVELS.get(CompressionSpec.parse(s.compression).kind, 0)
+        families, self.skipped = {}, []
+        for family, agents in sorted(by_family.items()):
+            n = len(agents)
+            degree = max(min(s.secagg_degree or default_degree(max(n, 2)), n - 1), 1)
+            degree -= degree % 2 if degree < n - 1 else 0  # below n - 1 a Harary graph needs an even degree
+            threshold = s.secagg_threshold or default_threshold(degree)
+            if n < 2 or threshold > degree:
+                why = ("one selected agent, whose update secure aggregation cannot hide" if n < 2 else
+                       f"{n} selected agents allow {degree} neighbours each, fewer than secagg_threshold {threshold}")
+                self.skipped.append(f"{family}: {why}")
+                log.warning("round %d: %s sits out (its agents' plain updates are refused): %s", announcement.round,
+                            family, why)
+                continue
+            claims = sorted(records[a].status.num_samples for a in agents)
+            cap = min(claims[-1], s.max_samples_per_update)
+            if s.claim_cap_multiple:
+                cap = min(cap, math.ceil(claims[n // 2] * s.claim_cap_multiple))
+            families[family] = SecureFamily(
+                roster=sorted(agents), graph_seed=secrets.token_bytes(32), degree=degree, threshold=threshold,
+                n_params=vector_length(states[family].weights), weight_cap=max(cap, 1),
+                ring_bits=ring_bits(levels, n) if levels else 32)
+        setup = SecureSetup(clip=s.secagg_clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
+                            unmask_s=s.secagg_stage_s, families=families, levels=levels)
+        # The compression moves into the ring (the grid and ring_bits above): agents mask the quantised
+        # delta and send no packed arrays, so the announcement asks for none.
+        return announcement.model_copy(update={"secure": setup, "compression": "none"})
+
+    def begin(self, parts: EngineParts, run: RunState) -> None:
+        """The round just opened: a session per family its announcement declares."""
+        open_round = run.open
+        assert open_round is not None
+        setup = open_round.announcement.secure
+        self.sessions, self.family_of, self.setup, self.clock = {}, {}, setup, StageClock()
+        if setup is None:
+            self.round = None
+            return
+        self.round = (run.run_id, open_round.number)
+        problems = []
+        for family, fam in setup.families.items():
+            try:
+                config = RoundConfig(open_round.number, tuple(fam.roster), fam.n_params, fam.graph_seed,
+                                     fam.degree, fam.threshold, setup.prg)
+            except ValueError as exc:
+                problems.append(f"{family}: {exc}")
+                continue
+            self.sessions[family] = Session(family, fam, SecAggServer(config), parts.strategy.states[family].weights)
+            self.family_of.update((agent, family) for agent in fam.roster)
+        open_round.secure = {"families": {}, "stages": {}}
+        self._enter("advertise", open_round.opened, open_round.opened + setup.advertise_s)
+        if problems or not self.sessions:
+            self._fail(parts, open_round, "; ".join(problems + self.skipped) or "no family to aggregate securely")
+
+    # -- inbound ---------------------------------------------------------------------------
+    def receive(self, parts: EngineParts, run: RunState, topic: str, payload: bytes) -> None:
+        sender = topic.split("/")[-3] if topic.count("/") >= 3 else "unknown"
+        try:
+            parsed = parts.topics.parse(topic)
+            if parsed.kind != "secagg" or parsed.stage not in TOPIC_STAGE:
+                return self._refuse(parts, sender, RejectReason.TOPIC_MISMATCH, f"not an agent's stage topic: {topic[:120]}")
+            received = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], parts.intake.update_limits,
+                                      parts.intake.trust)
+        except ProtocolError as exc:
+            parts.rejects.record("secagg", exc.reason.value, sender, exc.detail)
+            return None
+        agent, stage, message = parsed.agent_id or "", TOPIC_STAGE[parsed.stage], received.message
+        parts.metrics.secagg_bytes.labels(stage, "in").inc(len(payload))
+        if received.signer is not None and received.signer != agent:
+            return self._refuse(parts, agent, RejectReason.SIGNER_MISMATCH, f"signed by {received.signer}")
+        named = getattr(message, "agent_id", None) or getattr(getattr(message, "keys", None), "agent_id", None)
+        if (named, message.round) != (agent, parsed.round) or message.run_id != run.run_id:  # type: ignore[attr-defined]
+            return self._refuse(parts, agent, RejectReason.TOPIC_MISMATCH, "the message names another agent, round or run")
+        open_round = run.open
+        if open_round is None or self.round != (run.run_id, parsed.round) or open_round.secure_done:
+            late = parsed.round is not None and parsed.round < run.next_round
+            return self._refuse(parts, agent, RejectReason.LATE if late else RejectReason.NO_OPEN_ROUND,
+                                f"round {parsed.round} is {'closed' if late else 'not open'} for secure aggregation")
+        session = self.sessions.get(self.family_of.get(agent, ""))
+        if session is None:
+            return self._refuse(parts, agent, RejectReason.UNSELECTED, f"not in round {parsed.round}'s secure roster")
+        open_round.bytes_in += len(payload)
+        self.clock.bytes_in[stage] += len(payload)
+        try:
+            self._take(session, agent, stage, message)
+        except SecAggRefused as exc:
+            return self._refuse(parts, agent, RejectReason.SECAGG_REFUSED, str(exc))
+        session.members[stage].add(agent)
+
+    def _take(self, session: Session, agent: str, stage: str, message: Any) -> None:
+        server = session.server
+        if stage == "advertise":
+            if message.family != session.family:
+                raise SecAggRefused(f"an advertisement for {message.family}, {agent} is in {session.family}'s roster")
+            k = message.keys
+            server.receive_advertisement(Advertisement(agent, k.encryption_key, k.mask_key, k.commitment))
+        elif stage == "share":
+            server.receive_shares(agent, dict(message.bundles))
+        elif stage == "mask":
+            try:  # the low ring_bits bits of each element, packed (protocol.secagg.ring)
+                masked = unpack_masked(message.masked, session.setup)
+            except ValueError as exc:
+                raise SecAggRefused(f"a masked input from {agent!r}: {exc}") from exc
+            server.receive_masked_input(agent, masked)
+            session.metrics[agent] = TrainMetrics.model_construct(
+                eval_loss=message.eval_loss, eval_accuracy=message.eval_accuracy,
+                num_eval_samples=message.num_eval_samples, train_loss=message.train_loss)
+        else:
+            server.receive_unmask_response(UnmaskResponse(agent, dict(message.self_mask_shares),
+                                                          dict(message.key_shares)))
+
+    def _refuse(self, parts: EngineParts, agent: str, reason: RejectReason, detail: str) -> None:
+        parts.rejects.record("secagg", reason.value, agent, detail)
+
+    # -- the clock -------------------------------------------------------------------------
+    def advance(self, parts: EngineParts, run: RunState, now: float) -> None:
+        """Close the open stage when all its agents answered or at its deadline; fail a round it cannot finish."""
+        open_round = run.open
+        if open_round is None or open_round.announcement.secure is None or open_round.secure_done:
+            return
+        if self.round != (run.run_id, open_round.number):
+            open_round.secure = {"families": {}, "stages": {}}
+            self._fail(parts, open_round, "the coordinator restarted during the round: a secure round's running "
+                                          "sum is not checkpointed, and the agents' stages cannot be replayed")
+            return
+        stage = self.clock.stage
+        expected = {"advertise": lambda s: set(s.setup.roster), "share": lambda s: s.members["advertise"],
+                    "mask": lambda s: s.members["share"], "unmask": lambda s: s.members["mask"]}[stage]
+        complete = all(s.members[stage] >= expected(s) or (stage == "unmask" and self._enough_reveals(s))
+                       for s in self.sessions.values())
+        if not complete and now < self.clock.deadline:
+            return
+        try:
+            self._close(parts, run, open_round, stage, now)
+        except (SecAggAborted, AggregationError, ValueError) as exc:
+            self._fail(parts, open_round, str(exc))
+
+    @staticmethod
+    def _enough_reveals(session: Session) -> bool:
+        """Whether the reveals so far hold ``threshold`` shares of every secret the unmasking needs: then a
+        survivor that went silent after uploading is not waited for (its self-mask is rebuilt without it)."""
+        config, members = session.server.config, session.members
+        shared, revealed, survivors = members["share"], members["unmask"], members["mask"]
+        for agent in shared:
+            around = config.neighbours_of(agent) & shared
+            if (agent in survivors or around & survivors) and len(around & revealed) < config.threshold:
+                return False
+        return True
+
+    def _close(self, parts: EngineParts, run: RunState, open_round: OpenRound, stage: str, now: float) -> None:
+        setup = self.setup
+        assert setup is not None
+        for session in self.sessions.values():
+            previous = set(session.setup.roster) if stage == "advertise" else session.members[STAGES[STAGES.index(stage) - 1]]
+            parts.metrics.secagg_dropouts.labels(stage).inc(len(previous - session.members[stage]))
+        if stage == "advertise":
+            for session in self.sessions.values():
+                session.server.close_advertising()
+                ads = [AdvertisedKeys(agent_id=a.agent, encryption_key=a.encryption_key, mask_key=a.mask_key,
+                                      commitment=a.self_mask_commitment)
+                       for _, a in sorted(session.server.advertised.items())]
+                self._publish(parts, open_round, "advertise", parts.topics.secagg_relay(session.family, open_round.number, "keys"),
+                              SecureKeys(run_id=run.run_id, round=open_round.number, family=session.family,
+                                         advertised=ads))
+            following = ("share", open_round.opened + setup.advertise_s + setup.share_s)
+        elif stage == "share":
+            for session in self.sessions.values():
+                inbox = session.server.close_sharing()
+                for agent, bundles in sorted(inbox.items()):
+                    self._publish(parts, open_round, "share", parts.topics.secagg_inbox(agent, open_round.number),
+                                  SecureInbox(run_id=run.run_id, round=open_round.number, agent_id=agent, bundles=bundles))
+            following = ("mask", max(open_round.deadline, now))
+        elif stage == "mask":
+            for session in self.sessions.values():
+                request = session.server.close_masking()  # aborts here, before any share is revealed
+                self._publish(parts, open_round, "mask", parts.topics.secagg_relay(session.family, open_round.number, "unmask"),
+                              SecureUnmask(run_id=run.run_id, round=open_round.number, family=session.family,
+                                           survivors=sorted(request.survivors)))
+            following = ("unmask", now + setup.unmask_s)
+        else:
+            self._finish(parts, run, open_round)
+            following = ("done", now)
+        self._record_stage(parts, open_round, stage, now)  # with the bytes it relayed as it closed
+        self._enter(following[0], now, following[1])
+
+    def _finish(self, parts: EngineParts, run: RunState, open_round: OpenRound) -> None:
+        """Every session unmasks its sum; only then is anything folded (a failure leaves the strategy as it was)."""
+        setup = self.setup
+        assert setup is not None and open_round.secure is not None
+        means: dict[str, RunningMean] = {}
+        for family, session in self.sessions.items():
+            server = session.server
+            total = server.finish()
+            survivors = server.survivors
+            sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup)
+            others = {n: np.zeros_like(a) for n, a in session.like.items() if a.dtype.kind != "f"}
+            means[family] = RunningMean.of_sums(layout_key(session.like), sums, others, weight, len(survivors),
+                                                (0.0, ""))
+            open_round.secure["families"][family] = self._account(session)
+        for family, mean in means.items():
+            session = self.sessions[family]
+            survivors = set(session.server.survivors)
+            if not parts.strategy.accumulate_sums(family, mean, survivors):
+                raise ValueError(f"{parts.strategy.aggregator.describe()} does not fold a mean")
+            self._enter_answered(parts, run, open_round, session, survivors)
+        open_round.secure_done = True
+        log.info("round %d: secure sums unmasked for %s", open_round.number,
+                 ", ".join(f"{f} ({len(s.server.survivors)} agents)" for f, s in self.sessions.items()))
+
+    def _enter_answered(self, parts: EngineParts, run: RunState, open_round: OpenRound, session: Session,
+                        survivors: set[str]) -> None:
+        """Survivors count as answered (sample count and metrics, no arrays), as a site's agents do."""
+        ann = open_round.announcement
+        state = parts.strategy.states[session.family]
+        for agent in sorted(survivors):
+            record = parts.registry.get(agent)
+            samples = min(record.status.num_samples if record is not None else 0, session.setup.weight_cap)
+            open_round.updates[agent] = Update.model_construct(
+                run_id=run.run_id, agent_id=agent, round=ann.round, task=ann.task, task_ref=ann.task_ref,
+                family=session.family, base_digest=state.digest, num_samples=samples,
+                metrics=session.metrics.get(agent) or TrainMetrics.model_construct())
+            parts.applied.record(agent, ann.round)
+            parts.metrics.updates.labels("accepted").inc()
+
+    def _account(self, session: Session) -> dict[str, Any]:
+        m, server = session.members, session.server
+        return {
+            "roster": len(session.setup.roster), "degree": session.setup.degree, "threshold": session.setup.threshold,
+            "survivors": sorted(server.survivors),
+            "dropped": {"advertise": sorted(set(session.setup.roster) - m["advertise"]),
+                        "share": sorted(m["advertise"] - m["share"]), "mask": sorted(m["share"] - m["mask"]),
+                        "unmask": sorted(m["mask"] - m["unmask"])},
+            # Self-masks of survivors that did not answer the unmasking were rebuilt from their neighbours'
+            # shares; pairwise masks of agents that shared but did not upload were removed from their keys.
+            "recovered": {"self_masks": sorted(set(server.survivors) - m["unmask"]),
+                          "pairwise_masks": sorted(server.recovered)},
+        }
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _enter(self, stage: str, now: float, deadline: float) -> None:
+        self.clock.stage, self.clock.opened, self.clock.deadline = stage, now, deadline
+
+    def _record_stage(self, parts: EngineParts, open_round: OpenRound, stage: str, now: float) -> None:
+        seconds = max(0.0, now - self.clock.opened)
+        parts.metrics.secagg_stage.labels(stage).observe(seconds)
+        if open_round.secure is not None:
+            open_round.secure["stages"][stage] = {"seconds": round(seconds, 4), "bytes_in": self.clock.bytes_in[stage],
+                                                  "bytes_out": self.clock.bytes_out[stage]}
+
+    def _publish(self, parts: EngineParts, open_round: OpenRound, stage: str, topic: str, message: Any) -> None:
+        payload = parts.publisher.sealed(encode_message(message))
+        sent = parts.publisher.publish(topic, payload, f"secagg_{stage}", retain=False)
+        open_round.bytes_out += sent
+        self.clock.bytes_out[stage] += sent
+        parts.metrics.secagg_bytes.labels(stage, "out").inc(sent)
+
+    def _fail(self, parts: EngineParts, open_round: OpenRound, reason: str) -> None:
+        """The round closes as failed: nothing is folded, no sum released, survivors do not count as answered."""
+        log.error("round %d: %s", open_round.number, reason)
+        if open_round.secure is not None:
+            open_round.secure["failure"] = reason
+            open_round.secure["families"] = {f: self._account(s) for f, s in self.sessions.items()}
+        open_round.updates.clear()
+        open_round.ending, open_round.secure_done = FAILED, True
+        self.clock.stage = "done"

@@ -1,0 +1,162 @@
+"""An agent's side of secure rounds (SecAgg+, ``RoundAnnouncement.secure``): its delta leaves masked.
+
+On the announcement of a secure round whose roster holds this agent, it advertises two fresh key
+pairs (training starts meanwhile); on the relayed keys it seals its secrets' shares for its
+neighbours; once training is done and its inbox of neighbours' bundles has arrived it clips its
+delta to the declared range, weighs it, quantises it to the round's grid and publishes it masked
+(the low ``ring_bits`` bits of each element: int8's grid makes it 12 to 17 bits, not 32); on the unmasking
+request it reveals, once, the shares the survivors list entitles the coordinator to. A check that
+fails (``SecAggAborted``: under the threshold, a bad bundle, a request naming too few) ends its
+part in the round: it sends nothing more, so its update is never revealed in the clear.
+
+Called only from the agent's loop thread (``edge_agent.agent``), like the rest of its state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from edge_agent.state import AgentStateDir
+from protocol.limits import DecodeLimits
+from protocol.messages import Message, RoundAnnouncement, Update
+from protocol.secagg.client import SecAggClient
+from protocol.secagg.config import RoundConfig
+from protocol.secagg.errors import SecAggAborted
+from protocol.secagg.messages import Advertisement, UnmaskRequest
+from protocol.secagg.vector import encode_input, pack_masked
+from protocol.secagg.wire import (
+    STAGE_MESSAGES,
+    AdvertisedKeys,
+    SecureAdvertise,
+    SecureFamily,
+    SecureInbox,
+    SecureKeys,
+    SecureMasked,
+    SecureReveal,
+    SecureSetup,
+    SecureShares,
+    SecureUnmask,
+)
+from protocol.security.trust import Trust, decode_trusted
+from protocol.topics import ParsedTopic, Topics
+from protocol.wire import encode_message
+
+log = logging.getLogger(__name__)
+
+_RELAY_LIMITS = DecodeLimits(max_payload_bytes=16 * 1024 * 1024, max_array_elements=1, max_total_elements=1)
+
+
+class SecureParticipant:
+    def __init__(self, agent_id: str, family: str, topics: Topics, publish: Callable[[str, bytes], None],
+                 seal: Callable[[bytes], bytes], audit: AgentStateDir | None = None) -> None:
+        self.agent_id = agent_id
+        self.family = family
+        self.topics = topics
+        self._publish = publish
+        self._seal = seal
+        self._audit = audit
+        """TESTS/AUDITS ONLY (``secagg_audit``): the vector it masked is kept in its own state dir, never sent."""
+        self.round: tuple[str, int] | None = None
+        self.setup: SecureSetup | None = None
+        self.session: SecureFamily | None = None
+        self.client: SecAggClient | None = None
+        self._inbox: dict[str, bytes] | None = None
+        self._update: Update | None = None
+
+    def subscriptions(self) -> list[tuple[str, int]]:
+        return [(self.topics.secagg_relays_of(self.family), 1), (self.topics.secagg_inbox_of(self.agent_id), 1)]
+
+    def begin(self, ann: RoundAnnouncement) -> None:
+        """A secure round that names this agent: advertise its keys (once per round)."""
+        if ann.secure is None or self.round == (ann.run_id, ann.round):
+            return
+        session = ann.secure.families.get(self.family)
+        if session is None or self.agent_id not in session.roster:
+            return
+        self._reset()
+        self.round, self.setup, self.session = (ann.run_id, ann.round), ann.secure, session
+        config = RoundConfig(ann.round, tuple(session.roster), session.n_params, session.graph_seed,
+                             session.degree, session.threshold, ann.secure.prg)
+        self.client = SecAggClient(self.agent_id, config)
+        ad = self.client.advertise()
+        self._send("advertise", SecureAdvertise(run_id=ann.run_id, round=ann.round, family=self.family, keys=AdvertisedKeys(
+            agent_id=self.agent_id, encryption_key=ad.encryption_key, mask_key=ad.mask_key,
+            commitment=ad.self_mask_commitment)))
+
+    def takes(self, update: Update) -> bool:
+        """Whether ``update`` answers this agent's secure round (then it is masked here, never sent plain)."""
+        if self.round != (update.run_id, update.round) or update.task != "train":
+            return False
+        if self.client is not None:
+            self._update = update
+            self._guarded(self._maybe_mask)
+        return True  # a session that aborted sends nothing: its update must not leave in the clear
+
+    def on_message(self, parsed: ParsedTopic, payload: bytes, trust: Trust) -> None:
+        """A relayed stage message (keys, inbox, unmask); raises ProtocolError for one that does not decode."""
+        if parsed.stage not in ("keys", "inbox", "unmask"):
+            return
+        message: Message = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], _RELAY_LIMITS, trust).message
+        if self.client is None or self.round != (getattr(message, "run_id", None), parsed.round):
+            return  # another round's, or a round this agent is not part of
+        if isinstance(message, SecureKeys) and message.family == self.family:
+            self._guarded(lambda: self._share(message))
+        elif isinstance(message, SecureInbox) and message.agent_id == self.agent_id:
+            self._inbox = dict(message.bundles)
+            self._guarded(self._maybe_mask)
+        elif isinstance(message, SecureUnmask) and message.family == self.family:
+            self._guarded(lambda: self._reveal(message))
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run a stage; one that aborts ends this agent's part in the round (nothing more is sent)."""
+        try:
+            step()
+        except SecAggAborted as exc:
+            log.warning("round %s: leaving the secure round: %s", self.round[1] if self.round else "?", exc)
+            self.client = None
+
+    def _share(self, message: SecureKeys) -> None:
+        assert self.client is not None and self.round is not None
+        ads = {k.agent_id: Advertisement(k.agent_id, k.encryption_key, k.mask_key, k.commitment)
+               for k in message.advertised}
+        bundles = self.client.share_keys(ads)
+        self._send("shares", SecureShares(run_id=self.round[0], round=self.round[1], agent_id=self.agent_id,
+                                          bundles=bundles))
+
+    def _maybe_mask(self) -> None:
+        if self.client is None or self._inbox is None or self._update is None:
+            return
+        assert self.round is not None and self.setup is not None and self.session is not None
+        update, self._update = self._update, None
+        try:
+            plain, ring = encode_input(update.delta, self.setup, self.session, update.num_samples)
+        except ValueError as exc:
+            raise SecAggAborted("mask", str(exc)) from exc
+        masked = pack_masked(self.client.masked_input(ring, self._inbox), self.session)
+        if self._audit is not None:
+            self._audit.write_arrays(f"secagg-input-{self.round[1]}", {"plain": plain})
+        m = update.metrics
+        self._send("masked", SecureMasked(run_id=self.round[0], round=self.round[1], agent_id=self.agent_id,
+                                          masked=masked, eval_loss=m.eval_loss, eval_accuracy=m.eval_accuracy,
+                                          num_eval_samples=m.num_eval_samples, train_loss=m.train_loss))
+        log.info("round %d: sent the masked input (%d values, clipped to +-%g, %d bits each)", self.round[1],
+                 self.session.n_params - 1, self.setup.clip, self.session.ring_bits)
+
+    def _reveal(self, message: SecureUnmask) -> None:
+        assert self.client is not None and self.round is not None
+        if self.client.stage != "unmask":
+            raise SecAggAborted("unmask", "an unmasking request before this agent uploaded its masked input")
+        response = self.client.unmask(UnmaskRequest(frozenset(message.survivors)))
+        self._send("reveal", SecureReveal(run_id=self.round[0], round=self.round[1], agent_id=self.agent_id,
+                                          self_mask_shares=response.self_mask_shares, key_shares=response.key_shares))
+        self.client = None
+
+    def _send(self, stage: str, message: Message) -> None:
+        assert self.round is not None
+        self._publish(self.topics.secagg(self.agent_id, self.round[1], stage), self._seal(encode_message(message)))
+
+    def _reset(self) -> None:
+        self.round = self.setup = self.session = self.client = None
+        self._inbox = self._update = None
+

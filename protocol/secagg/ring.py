@@ -1,0 +1,84 @@
+"""The ring a masked input lives in, Z_{2^b} with b <= 32, and its wire form: b bits an element.
+
+Masks are drawn in Z_2^32 (``prg``), and everything the client and the server compute stays there.
+Reduction modulo 2^b is a ring homomorphism from Z_2^32 onto Z_2^b (2^b divides 2^32), so an agent
+may send only the low b bits of its masked input: the server sums those, removes the masks in Z_2^32
+as before, and reads the low b bits of the result, which are the sum of the inputs modulo 2^b. A
+mask reduced modulo 2^b is still uniform on Z_2^b (the keystream is uniform on 32 bits), so the b
+bits sent hide the input as the 32 did.
+
+The sum is exact when it cannot wrap: every one of ``n`` summands lies in [-L, L] (the grid's
+``levels``), so the sum lies in [-nL, nL], which needs nL <= 2^(b-1) - 1 (``ring_bits``). Grids:
+
+* ``fine`` (compression none): b = 32, L = (2^31 - 1) // n, the finest step the ring allows.
+* ``int8``: L = 127, the grid of an int8 entry at the declared clip (step clip / 127, stochastic
+  rounding, unbiased). b = bit_length(127 n) + 1: 12 bits for 10 agents, 15 for 100, 17 for 500.
+  Unlike plain int8, whose scale is each tensor's largest value, the scale is the declared clip:
+  every agent must use the same grid for the integer sum to mean anything.
+* ``fp16``: L = 2047, the 11-bit significand of a half-precision float at full scale (a float
+  format cannot be summed in a ring: this is fixed point with fp16's resolution near the clip,
+  coarser than fp16 for small values). b = 16 bits for 10 agents, 19 for 100.
+
+Top-k is refused: each agent keeps a different set of coordinates, and a sparse masked vector would
+show which (the positions are the information); masking the agreed union sends the dense vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RING_BITS = 32
+GRID_LEVELS: dict[str, int] = {"int8": 127, "fp16": 2047}
+"""Compression kind -> the largest |integer| one value quantises to; absent: the ring's finest grid."""
+
+
+def ring_bits(levels: int, summands: int) -> int:
+    """The fewest bits b such that ``summands`` values in [-levels, levels] sum without wrapping in Z_2^b."""
+    if levels < 1 or summands < 1:
+        raise ValueError("levels and summands must be at least 1")
+    return (levels * summands).bit_length() + 1
+
+
+def words(count: int, bits: int) -> int:
+    """uint32 words that carry ``count`` elements of ``bits`` bits."""
+    return -(-count * bits // 32)
+
+
+def pack(values: np.ndarray, bits: int) -> np.ndarray:
+    """The low ``bits`` bits of each uint32 of ``values``, back to back (little-endian), in uint32 words."""
+    values = np.ascontiguousarray(values, dtype="<u4")
+    if bits == RING_BITS:
+        return values.copy()
+    _check(bits)
+    stream = np.unpackbits(values.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, :bits]
+    packed = np.packbits(stream.reshape(-1), bitorder="little")
+    out = np.zeros(4 * words(values.size, bits), dtype=np.uint8)
+    out[: packed.size] = packed
+    return out.view("<u4")
+
+
+def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """``count`` uint32 elements (each < 2^bits) from ``pack``'s words; ValueError on a wrong length."""
+    packed = np.asarray(packed)
+    if packed.dtype != np.uint32 or packed.shape != (words(count, bits),):
+        raise ValueError(f"a masked input of {count} elements of {bits} bits is uint32[{words(count, bits)}], "
+                         f"not {packed.dtype}{list(packed.shape)}")
+    if bits == RING_BITS:
+        return packed.astype(np.uint32, copy=True)
+    _check(bits)
+    stream = np.unpackbits(np.ascontiguousarray(packed, dtype="<u4").view(np.uint8), bitorder="little")
+    elements = np.zeros((count, 32), dtype=np.uint8)
+    elements[:, :bits] = stream[: count * bits].reshape(count, bits)
+    return np.packbits(elements, axis=1, bitorder="little").view("<u4").reshape(count).astype(np.uint32)
+
+
+def signed(total: np.ndarray, bits: int) -> np.ndarray:
+    """Ring elements of Z_2^32 reduced modulo 2^bits and read as two's complement integers (int64)."""
+    _check(bits)
+    low = np.asarray(total, dtype=np.uint32).astype(np.int64) & ((1 << bits) - 1)
+    return np.where(low >= 1 << (bits - 1), low - (1 << bits), low)
+
+
+def _check(bits: int) -> None:
+    if not 2 <= bits <= RING_BITS:
+        raise ValueError(f"a ring of 2^{bits}: the ring has 2 to {RING_BITS} bits")

@@ -1,0 +1,73 @@
+"""The secure-aggregation stage messages among the golden vectors (called by make_golden_vectors.py).
+
+Fixed bytes stand in for keys, commitments, bundles and shares (a vector fixes the encoding, not the
+cryptography, which tests/unit/protocol/secagg checks): running the script again writes the same files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Protocol
+
+import numpy as np
+
+from protocol.messages import Message
+from protocol.secagg.messages import BUNDLE_BYTES
+from protocol.secagg.wire import (
+    AdvertisedKeys,
+    SecureAdvertise,
+    SecureInbox,
+    SecureKeys,
+    SecureMasked,
+    SecureReveal,
+    SecureShares,
+    SecureUnmask,
+)
+from protocol.topics import Topics
+
+PEER = "agent-2"
+
+
+class Adds(Protocol):
+    def message(self, name: str, message: Message, topic: str, retain: bool, description: str,
+                **extra: Any) -> bytes: ...
+
+
+def fixed(label: str, size: int = 32) -> bytes:
+    """Deterministic stand-in bytes."""
+    out = b""
+    while len(out) < size:
+        out += hashlib.sha256(f"edgefl golden secagg {label} {len(out)}".encode()).digest()
+    return out[:size]
+
+
+def secure_vectors(v: Adds, topics: Topics, run_id: str, agent: str, family: str) -> None:
+    """One message of each stage of round 3, unsigned (they travel signed as every message does)."""
+    keys = AdvertisedKeys(agent_id=agent, encryption_key=fixed("enc"), mask_key=fixed("mask"),
+                          commitment=fixed("commit"))
+    peer = AdvertisedKeys(agent_id=PEER, encryption_key=fixed("enc2"), mask_key=fixed("mask2"),
+                          commitment=fixed("commit2"))
+    v.message("secagg_advertise", SecureAdvertise(run_id=run_id, round=3, family=family, keys=keys),
+              topics.secagg(agent, 3, "advertise"), False, "Stage 1: an agent's two X25519 public keys and the "
+              "commitment to its self-mask seed.")
+    v.message("secagg_keys", SecureKeys(run_id=run_id, round=3, family=family, advertised=[keys, peer]),
+              topics.secagg_relay(family, 3, "keys"), False, "Stage 1 closed: every advertisement the coordinator "
+              "took, relayed to the family's roster.")
+    v.message("secagg_shares", SecureShares(run_id=run_id, round=3, agent_id=agent,
+                                            bundles={PEER: fixed("bundle", BUNDLE_BYTES)}),
+              topics.secagg(agent, 3, "shares"), False, "Stage 2: one sealed share bundle per neighbour, by recipient.")
+    v.message("secagg_inbox", SecureInbox(run_id=run_id, round=3, agent_id=agent,
+                                          bundles={PEER: fixed("bundle2", BUNDLE_BYTES)}),
+              topics.secagg_inbox(agent, 3), False, "Stage 2 closed: the bundles sealed for one agent, by sender.")
+    masked = np.frombuffer(fixed("masked", 4 * 6), dtype="<u4").copy()
+    v.message("secagg_masked", SecureMasked(run_id=run_id, round=3, agent_id=agent, masked=masked, eval_loss=0.5,
+                                            eval_accuracy=0.875, num_eval_samples=16, train_loss=0.25),
+              topics.secagg(agent, 3, "masked"), False, "Stage 3: the masked input, uint32 ring elements (the "
+              "family's floating values, then the weight), with the metrics in the clear.")
+    v.message("secagg_unmask", SecureUnmask(run_id=run_id, round=3, family=family, survivors=[agent, PEER]),
+              topics.secagg_relay(family, 3, "unmask"), False, "Stage 3 closed: whose masked input is in the sum.")
+    share = np.frombuffer(fixed("share", 32), dtype="<u4") % np.uint32(2**31 - 1)
+    v.message("secagg_reveal", SecureReveal(run_id=run_id, round=3, agent_id=agent,
+                                            self_mask_shares={PEER: share.astype(np.uint32)}, key_shares={}),
+              topics.secagg(agent, 3, "reveal"), False, "Stage 4: Shamir shares of surviving neighbours' self-mask "
+              "seeds (here one) and of dropped neighbours' mask keys (here none).")

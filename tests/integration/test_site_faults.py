@@ -1,0 +1,155 @@
+"""Faults at a site, with real brokers and processes: a site aggregator killed mid-round and restarted, one signing
+with a key the root never enrolled, and the bridge to the root cut and restored. Nothing lost, nothing counted twice."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher.broker import MosquittoBroker, free_port
+from launcher.fleet import AgentSpec, Fleet, FleetSpec
+from launcher.sites import wait_listening
+from protocol.partials import PartialAggregate
+from protocol.topics import Topics
+from tests.integration.sites import TcpLink, bridge_settings, enroll_site, site_process, wait_for_log
+from tests.integration.wire import (
+    WireRecorder,
+    assert_all_completed,
+    decode_wire,
+    metric,
+    scrape,
+    wait_for_rounds,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+FEDERATION = "faults"
+AGENTS = [AgentSpec("rpi-1", "rpi", 0), AgentSpec("rpi-2", "rpi", 1)]
+
+
+def make_fleet(tmp_path: Path, site_broker: MosquittoBroker, root: MosquittoBroker, rounds: int,
+               agent_settings: dict[str, object] | None = None, **settings: object) -> Fleet:
+    spec = FleetSpec(agents=AGENTS, alpha=1.0, agent_settings=agent_settings or {})
+    return Fleet(tmp_path / "run", site_broker.url, spec, {
+        "broker_url": root.url, "rounds": rounds, "min_available_agents": 2, "min_fit_agents": 2,
+        "local_epochs": 1, "round_deadline_s": 60, "evaluate_final": False, "http_port": free_port(), **settings},
+        federation=FEDERATION)
+
+
+def partials_on(recorder: WireRecorder) -> list[PartialAggregate]:
+    topics = Topics(FEDERATION)
+    return [decode_wire(m.payload, PartialAggregate) for m in recorder.snapshot()
+            if topics.parse(m.topic).kind == "partial"]
+
+
+def assert_each_agent_once(rounds: list[dict]) -> None:
+    """Every selected agent of every round accounted for exactly once: answered, rejected or straggling."""
+    for r in rounds:
+        assert r["answered"] + r["rejected"] + r["stragglers"] + r.get("dropouts", 0) == r["selected"], r
+
+
+def test_a_site_aggregator_killed_mid_round_and_restarted_counts_its_agents_once(
+        tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
+    """Killed with its round open, before its agents answer; their updates wait in its persistent session on the
+    site broker, and the restarted aggregator folds them into one partial: every agent counted, once."""
+    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker", persistence=True,
+                                  settings=bridge_settings(mosquitto, FEDERATION)).start()
+    fleet = make_fleet(tmp_path, site_broker, mosquitto, rounds=2)
+    bundle = tmp_path / "run" / "sites"
+    site = site_process(fleet, site_broker, "s1", bundle)
+    at_site = WireRecorder(site_broker.url, f"fl/{FEDERATION}/updates/#", client_id="site-updates").start()
+    try:
+        fleet.start_coordinator()
+        enroll_site(fleet, "s1", bundle)
+        site.start()
+        wait_listening(site, site_broker.url, FEDERATION)
+        site.kill()  # SIGKILL: no clean disconnect; its session (and subscriptions) stay on the site broker
+        fleet.start_agents()
+        wait_until(lambda: {m.topic.split("/")[-2] for m in at_site.snapshot() if m.topic.endswith("/1")}
+                   >= {"rpi-1", "rpi-2"}, 120, "both agents' round 1 updates at the site broker")
+        site.start()
+        rounds = wait_for_rounds(fleet, 2, 180)
+    finally:
+        at_site.stop()
+        fleet.stop()
+        site.terminate()
+        site_broker.stop()
+    assert_all_completed(rounds, 2)
+    assert_each_agent_once(rounds)
+    assert [r["sites"]["s1"]["accepted"] for r in rounds] == [2, 2], rounds
+    first = [p for p in partials_on(recorder) if p.round == 1]
+    assert len(first) == 1 and {a for a, o in first[0].outcomes.items() if o.outcome == "accepted"} == \
+        {"rpi-1", "rpi-2"}, first
+
+
+def test_a_site_aggregator_signing_with_an_unenrolled_key_is_refused_and_counted(
+        tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
+    """A second aggregator at the site claims to be site s1 with a key the root never enrolled: its partials are
+    refused (counted by reason), the enrolled one's are taken, and every agent is counted once."""
+    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
+                                  settings=bridge_settings(mosquitto, FEDERATION)).start()
+    fleet = make_fleet(tmp_path, site_broker, mosquitto, rounds=2, exit_when_finished=False)  # /metrics after
+    bundle = tmp_path / "run" / "sites"
+    site = site_process(fleet, site_broker, "s1", bundle)
+    rogue = site_process(fleet, site_broker, "s1", bundle, name="rogue", client_id="site-rogue",
+                         signing_key_file=tmp_path / "rogue" / "key.pem")
+    try:
+        fleet.start_coordinator()
+        enroll_site(fleet, "s1", bundle)
+        site.start()
+        rogue.start()
+        fleet.start_agents()
+        rounds = wait_for_rounds(fleet, 2, 180)
+        wait_until(lambda: len(partials_on(recorder)) >= 4, 60, "both aggregators' partials of both rounds")
+        samples = scrape(fleet.http_port)
+    finally:
+        fleet.stop()
+        site.terminate()
+        rogue.terminate()
+        site_broker.stop()
+    assert_all_completed(rounds, 2)
+    assert_each_agent_once(rounds)
+    assert all(r["answered"] == 2 and r["sites"]["s1"]["accepted"] == 2 for r in rounds), rounds
+    refused = sum(value for (name, labels), value in samples.items()
+                  if name == "fl_messages_rejected_total" and ("kind", "partial") in labels)
+    assert refused == 2, {k: v for k, v in samples.items() if k[0] == "fl_messages_rejected_total"}
+    assert metric(samples, "fl_agents_answered_total") == 4
+
+
+def test_a_bridge_cut_mid_round_and_restored_delivers_the_partial_once(
+        tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
+    """The site's uplink is cut once round 1 is announced: the site folds its agents' updates and publishes its
+    partial into the cut; the site broker keeps it for the bridge (a persistent session), and it crosses once the
+    link is back, within the root's deadline. Then the run goes on through the same bridge."""
+    uplink = TcpLink(mosquitto.host, mosquitto.port)
+    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
+                                  settings=bridge_settings(mosquitto, FEDERATION, port=uplink.port)).start()
+    # Agents hold each update back 3 s: the cut comes well before the round's partial.
+    fleet = make_fleet(tmp_path, site_broker, mosquitto, rounds=2, agent_settings={"straggler_delay": "constant:3"})
+    bundle = tmp_path / "run" / "sites"
+    site = site_process(fleet, site_broker, "s1", bundle)
+    announced = WireRecorder(site_broker.url, Topics(FEDERATION).rounds_current, client_id="site-rounds").start()
+    try:
+        fleet.start_coordinator()
+        enroll_site(fleet, "s1", bundle)
+        site.start()
+        fleet.start_agents()
+        wait_until(lambda: bool(announced.snapshot(lambda m: bool(m.payload))), 120, "round 1 announced at the site")
+        uplink.cut()
+        wait_for_log(site, "round 1 cnn_small partial", 120)  # published into the cut
+        assert not [p for p in partials_on(recorder) if p.round == 1], "the partial crossed a cut bridge"
+        uplink.restore()
+        rounds = wait_for_rounds(fleet, 2, 180)
+    finally:
+        announced.stop()
+        fleet.stop()
+        site.terminate()
+        site_broker.stop()
+        uplink.close()
+    assert_all_completed(rounds, 2)
+    assert_each_agent_once(rounds)
+    assert all(r["answered"] == 2 and r["sites"]["s1"]["accepted"] == 2 for r in rounds), rounds
+    assert sorted(p.round for p in partials_on(recorder)) == [1, 2]
+    assert uplink.connections >= 2  # the bridge came back through the restored link
