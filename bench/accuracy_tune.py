@@ -48,7 +48,7 @@ GRID: list[tuple[str, Callable[[dict[str, dict[str, Any]]], list[dict[str, Any]]
                                for lr in (0.01, 0.05) for m in (0.0, 0.9)]),
     ("fedprox", lambda chosen: [{**_base(chosen["fedavg"]), "params": {"prox_mu": mu}}
                                 for mu in (0.001, 0.01, 0.1, 1.0)]),
-    ("scaffold", lambda chosen: [{"learning_rate": lr, "momentum": 0.0, "local_epochs": chosen["scaffold"]["local_epochs"]}
+    ("scaffold", lambda chosen: [{**chosen["scaffold"], "learning_rate": lr, "momentum": 0.0}
                                  for lr in (0.01, 0.02, 0.05, 0.1)]),
     ("alone", _alone((2, 4))),
     ("fedproto", _fedproto("alone")),

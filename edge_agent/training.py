@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,9 +67,26 @@ def evaluate(model: FedModel, data: Dataset, device: torch.device, objective: Ob
     return EvalResult(loss_sum / len(y), metrics.get("accuracy"), len(y), metrics)
 
 
+def batch_indices(num_samples: int, batch_size: int, plan: LocalTraining,
+                  generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """The round's mini-batches as index tensors: ``plan.epochs`` reshuffled passes, or, when the plan
+    sets ``steps``, passes until exactly that many batches (the last pass cut short)."""
+    if num_samples == 0:
+        return
+    limit = plan.steps if plan.steps is not None else plan.epochs * math.ceil(num_samples / batch_size)
+    taken = 0
+    while taken < limit:
+        order = torch.randperm(num_samples, generator=generator)
+        for start in range(0, num_samples, batch_size):
+            if taken == limit:
+                return
+            taken += 1
+            yield order[start:start + batch_size]
+
+
 def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size: int, device: torch.device,
                 algorithm: TrainingHooks, seed: int, objective: Objective = CLASSIFICATION) -> TrainResult:
-    """``plan.epochs`` passes of SGD over ``data``; the loss is the task's plus the algorithm's terms."""
+    """SGD over ``data`` in the plan's batches (``batch_indices``); the loss is the task's plus the algorithm's terms."""
     started = time.perf_counter()
     model.train()
     optimizer = SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,
@@ -76,23 +95,20 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
     generator = torch.Generator().manual_seed(seed)
     loss_sum = 0.0
     correct = seen = steps = 0
-    for _ in range(plan.epochs):
-        order = torch.randperm(len(y), generator=generator).to(device)
-        for start in range(0, len(y), batch_size):
-            index = order[start:start + batch_size]
-            inputs, labels = x[index], y[index]
-            embeddings = model.embed(inputs)
-            logits = model.head(embeddings)
-            loss = objective.loss(logits, labels)
-            extra = algorithm.extra_loss(model, embeddings, logits, labels)
-            total = loss if extra is None else loss + extra
-            optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            algorithm.after_backward(model)
-            optimizer.step()
-            steps += 1
-            loss_sum += loss.item() * len(labels)
-            if data.num_classes:
-                correct += (logits.argmax(1) == labels).sum().item()
-            seen += len(labels)
+    for index in batch_indices(len(y), batch_size, plan, generator):
+        inputs, labels = x[index.to(device)], y[index.to(device)]
+        embeddings = model.embed(inputs)
+        logits = model.head(embeddings)
+        loss = objective.loss(logits, labels)
+        extra = algorithm.extra_loss(model, embeddings, logits, labels)
+        total = loss if extra is None else loss + extra
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        algorithm.after_backward(model)
+        optimizer.step()
+        steps += 1
+        loss_sum += loss.item() * len(labels)
+        if data.num_classes:
+            correct += (logits.argmax(1) == labels).sum().item()
+        seen += len(labels)
     return TrainResult(loss_sum / max(seen, 1), correct / max(seen, 1), steps, time.perf_counter() - started)

@@ -68,13 +68,14 @@ class RoundShape:
     steps: int
 
     @classmethod
-    def of(cls, num_samples: int, batch_size: int, epochs: int) -> RoundShape:
+    def of(cls, num_samples: int, batch_size: int, epochs: int, steps: int | None = None) -> RoundShape:
         """Each record joins a batch with probability ``batch_size / num_samples`` (at most 1); an epoch is
-        ``num_samples / batch_size`` steps, one pass over the records in expectation, rounded to whole steps."""
+        ``num_samples / batch_size`` steps, one pass over the records in expectation, rounded to whole steps.
+        ``steps`` (the plan's fixed step count, when it sets one) replaces the epochs."""
         if num_samples < 1:
             raise PrivacyUnsupported("no training samples: nothing to train under DP")
         rate = min(1.0, batch_size / num_samples)
-        return cls(rate, max(1, round(epochs / rate)))
+        return cls(rate, steps if steps is not None else max(1, round(epochs / rate)))
 
     def charge(self, noise_multiplier: float) -> Charge:
         return Charge(noise_multiplier, self.sample_rate, self.steps)

@@ -48,7 +48,7 @@ class PrivateTrainer:
         if not algorithm.dp_compatible:
             raise PrivacyUnsupported(f"algorithm {algorithm.name!r} is not marked DP-compatible: this agent "
                                      "trains with dp on and will not run it")
-        shape = RoundShape.of(len(data), batch_size, plan.epochs)
+        shape = RoundShape.of(len(data), batch_size, plan.epochs, plan.steps)
         self._check_delta(len(data))
         sigma = self.ledger.noise_multiplier(self.config, shape.sample_rate, shape.steps)
         charges = [shape.charge(sigma)]

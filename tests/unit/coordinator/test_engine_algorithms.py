@@ -41,6 +41,7 @@ def test_scaffold_scales_the_server_variate_by_the_agents_the_coordinator_knows(
     engine.tick()
     announcement = current(engine)
     assert announcement.training.momentum == 0.0 and len(announcement.selected) == 2
+    assert announcement.training.steps is None  # epochs, unless the operator sets local_steps
     for agent_id in announcement.selected:
         send(engine, agent_id, "f", weights=weights(1.0), control_delta={"w": np.full((2, 3), 4.0, np.float32)})
     engine.tick()
@@ -108,3 +109,11 @@ def test_scaffold_control_deltas_travel_compressed_and_aggregate_like_plain_ones
         finals[compression] = decode_message(outbox.last(TOPICS.global_state("f", 3)), GlobalState)
     np.testing.assert_array_equal(finals["fp16"].control["w"], finals["none"].control["w"])  # 0.5, 1.5 exact in fp16
     np.testing.assert_array_equal(finals["fp16"].weights["w"], finals["none"].weights["w"])
+
+
+def test_local_steps_are_announced_to_every_agent(tmp_path: Path) -> None:
+    engine, _, _ = make_engine(tmp_path, Clock(), algorithm="scaffold", local_steps=25, min_fit_agents=2)
+    for agent_id in "ab":
+        hello(engine, agent_id, "f")
+    engine.tick()
+    assert current(engine).training.steps == 25
