@@ -40,7 +40,10 @@ GARBAGE = 5
 # labelled by device or reason and appear with the first event, so here they stay empty (their
 # queries still have to run without error).
 QUIET_PANELS = {"Agent reconnects and restarts", "Agents out of DP budget by device class",
-                "Aggregation failures by reason", "Uncompressed updates"}
+                "Aggregation failures by reason", "Uncompressed updates",
+                # plain rounds only here: secure aggregation's stages never run
+                "Secure aggregation: stage time", "Secure aggregation: dropouts per stage",
+                "Secure aggregation: bytes per stage"}
 
 
 def grafana_expr(expr: str, variables: dict[str, Any]) -> str:
