@@ -8,6 +8,8 @@ staleness histogram counts exactly the admitted training updates; the DP agent's
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -26,6 +28,7 @@ from tests.integration.wire import (
     metric,
     scrape,
     wait_for_rounds,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,7 +43,7 @@ AGENTS = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec(
 def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquitto: MosquittoBroker,
                                                          recorder: WireRecorder) -> None:
     fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, AGENTS, {
-        "mode": "async", "buffer_size": 2, "max_staleness": 3, "rounds": VERSIONS, "min_fit_agents": 1,
+        "mode": "async", "buffer_size": 2, "max_staleness": VERSIONS, "rounds": VERSIONS, "min_fit_agents": 1,
         "round_deadline_s": 60.0,
     })
     with fleet:
@@ -79,10 +82,15 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
 
 def test_a_replayed_update_counts_once(tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
     """Each agent's signed update of version 2, captured from the open broker and published again verbatim
-    while version 4 is open (within max_staleness): every copy is a duplicate, none weighs in a second buffer."""
+    once version 4 is open: every copy is a duplicate, none weighs in a second buffer.
+
+    However fast this machine is, the copies are judged during training versions and for what they are:
+    max_staleness spans the whole run (never ``too_stale``), and the agents are paused (SIGSTOP) until every
+    copy is counted, so the run cannot reach its evaluation round first (what was in flight when they stopped
+    closes a buffer or two, not the three versions left)."""
     agents = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
     fleet = small_fleet(tmp_path / "run", mosquitto.url, "replayed", agents, {
-        "mode": "async", "buffer_size": 2, "max_staleness": 3, "rounds": VERSIONS, "min_fit_agents": 1,
+        "mode": "async", "buffer_size": 2, "max_staleness": VERSIONS, "rounds": VERSIONS, "min_fit_agents": 1,
         "round_deadline_s": 60.0,
     })
     view = WireView(recorder, "replayed")
@@ -94,10 +102,17 @@ def test_a_replayed_update_counts_once(tmp_path: Path, mosquitto: MosquittoBroke
         host, port = mosquitto.url.removeprefix("mqtt://").split(":")
         replayer.connect(host, int(port))
         replayer.loop_start()
+        paused = [process for process in fleet.processes() if process is not fleet.coordinator]
+        for process in paused:
+            os.kill(process.pid, signal.SIGSTOP)  # type: ignore[arg-type]
         try:
             for message in originals:
                 replayer.publish(message.topic, message.payload, qos=1).wait_for_publish(10)
+            wait_until(lambda: metric(scrape(fleet.http_port), "fl_messages_rejected_total", kind="update",
+                                      reason="duplicate") >= len(originals), 60, "every copy judged")
         finally:
+            for process in paused:
+                os.kill(process.pid, signal.SIGCONT)  # type: ignore[arg-type]
             replayer.disconnect()
             replayer.loop_stop()
         rounds = wait_for_rounds(fleet, VERSIONS + 1, 240)
