@@ -17,7 +17,7 @@ Measured on mnist-5k (test accuracy; every row seed 0 unless said; 2026-12-02):
   4 local epochs, FedProto lambda 2): +1.84 / -0.53 / +5.92. The held-out choice for alone is not its
   best on test: at lr 0.02 with 8 epochs alone reaches 91.88 on seed 0 (FedProto's 91.03 is below it).
 - Dirichlet 0.1: FedAvg 95.70; SCAFFOLD 91.30 (25 local steps) or 69.70 (2 local epochs); FedAvg with
-  the coordinator's default bounds on influence 82.80 (see ``LEARNING_BOUNDS``).
+  the coordinator's default bounds on influence 84.20 (see ``LEARNING_BOUNDS``).
 """
 
 from __future__ import annotations
