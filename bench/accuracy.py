@@ -124,9 +124,11 @@ def plot(rows: list[Row], path: Path, title: str) -> Path:
             left.axhline(r.accuracy, color="black", linestyle="--", linewidth=1, label=f"centralised ({r.accuracy:.1%})")
         elif spec.kind == "global":
             algorithm = spec.train.algorithm
-            style = "-" if "0.1" in spec.partition else "-." if "0.5" in spec.partition else ":"
-            left.plot(rounds, r.curve, label=f"{spec.name.split(' ')[0]} {spec.partition} {spec.family}",
-                      color=ALGORITHM_COLOURS[algorithm], linestyle=style,
+            bounded = spec.key.endswith("-bounded")  # the default bounds on influence: drawn apart
+            style = "--" if bounded else "-" if "0.1" in spec.partition else "-." if "0.5" in spec.partition else ":"
+            left.plot(rounds, r.curve, label=f"{spec.name.split(' ')[0]} {spec.partition} {spec.family}"
+                      + (", default bounds" if bounded else ""),
+                      color="tab:cyan" if bounded else ALGORITHM_COLOURS[algorithm], linestyle=style,
                       alpha=1.0 if spec.key == "fedavg-iid" or spec.partition != "IID" else 0.4)
         else:
             few = "-few" in spec.key

@@ -5,8 +5,11 @@
     python bench/secagg.py --prg aes256ctr  # masks from AES-256-CTR instead of ChaCha20
     python bench/secagg.py --mqtt           # over Mosquitto: the real coordinator, secure vs plain rounds
     python bench/secagg.py --mqtt --quick   # the same at 10 agents x 10,000 parameters (CI)
+    python bench/secagg.py --accuracy       # a 20-round digits FedAvg run, secure vs plain: final accuracy
+    python bench/secagg.py --accuracy --quick   # 4 agents, a small model, 3 rounds (CI; numbers mean little)
 
---mqtt is described in bench/secagg_mqtt.py; what follows is the default mode.
+--mqtt is described in bench/secagg_mqtt.py, --accuracy in bench/secagg_accuracy.py; what follows is the
+default mode.
 
 The cryptographic core only (protocol/secagg, every agent and the server in this process,
 messages handed over in memory; no broker, no training). CPU seconds (time.process_time) per
@@ -109,7 +112,15 @@ def main() -> int:
     parser.add_argument("--agents", type=int, nargs="*", help="--mqtt: fleet sizes (default 10 100; --quick 10)")
     parser.add_argument("--params", type=int, help="--mqtt: parameters (default 127,000; --quick 10,000)")
     parser.add_argument("--rates", type=float, nargs="*", default=[0.0, 0.1], help="--mqtt: dropout rates")
+    parser.add_argument("--accuracy", action="store_true", help="a digits run's final accuracy, secure vs plain "
+                                                                "FedAvg (bench/secagg_accuracy.py)")
+    parser.add_argument("--clip", type=float, default=0.5, help="--accuracy: secagg_clip [default: 0.5, the "
+                                                                "coordinator's default]")
     args = parser.parse_args()
+    if args.accuracy:
+        from secagg_accuracy import run as run_accuracy  # torch, the agents and the broker only in this mode
+
+        return run_accuracy(args.quick, args.clip)
     if args.mqtt:
         from secagg_mqtt import run  # the broker, the coordinator and the fleet only in this mode
 

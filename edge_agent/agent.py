@@ -40,6 +40,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from edge_agent.algorithms.scaffold import revert_control
 from edge_agent.coordinator_notes import CoordinatorNotes
 from edge_agent.freshness import Freshness
 from edge_agent.identity import give_up
@@ -133,7 +134,7 @@ class EdgeAgent:
         self.notes = CoordinatorNotes(agent_id, worker.task.card.ref, worker.family, worker.layout)
         """The run's task card and the coordinator's refusal notices (``edge_agent.coordinator_notes``)."""
         self.secure = SecureParticipant(agent_id, worker.family, self.topics, lambda t, p: self._publish_pieces(t, [p]),
-                                        self._sealed, state if secagg_audit else None)
+                                        self._sealed, state if secagg_audit else None, settled=self._on_secure_settled)
         """Secure rounds' stages (``edge_agent.secure``)."""
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -324,10 +325,16 @@ class EdgeAgent:
                 self._joined_mid_round = (ann.run_id, ann.round)
                 log.info("started while round %d was in progress; joining from the next round", ann.round)
         self.announcement = ann
+        self.secure.settle(ann)  # every announcement, selected or not: it tells a secure answer's fate
         self._check_agreement(ann)
         if self.problem is None and self.agent_id in ann.selected and self._joined_mid_round != (ann.run_id, ann.round):
             self.secure.begin(ann)
         self._maybe_resend(ann)
+
+    def _on_secure_settled(self, run_id: str, round_number: int, counted: bool) -> None:
+        """A masked input left out of the sum: its SCAFFOLD variate step is undone (the server never added it)."""
+        if not counted and revert_control(self.state, run_id, self.worker.family, round_number):
+            log.warning("round %d: control variate step undone (the round's sum did not include it)", round_number)
 
     def _check_agreement(self, ann: RoundAnnouncement) -> None:
         """Refuse rounds this agent cannot run (``LocalWorker.refusal``); say so in status and log when that changes."""
@@ -429,6 +436,7 @@ class EdgeAgent:
 
     def _send_update(self, update: Update) -> None:
         if self.secure.takes(update):  # a secure round's: it leaves masked, through the stages
+            self._say_if_spent(update)
             return
         payload = self._sealed(encode_message(update))
         pieces = split_payload(payload, self.max_message_bytes)
@@ -440,6 +448,11 @@ class EdgeAgent:
                  "weights" if update.weights else "delta" if update.delta
                  else "prototypes" if update.prototypes is not None else "metrics",
                  update.metrics.eval_accuracy or 0.0, privacy)
+        self._say_if_spent(update)
+
+    def _say_if_spent(self, update: Update) -> None:
+        """A spent budget goes out in the status at once, not at the next heartbeat: else the coordinator may
+        select this agent again, and the round waits its deadline for an agent that will not train."""
         if update.privacy is not None and update.privacy.exhausted:
             log.warning("privacy budget spent (epsilon %.4g of %.4g): this agent stops training",
                         update.privacy.epsilon, update.privacy.budget_epsilon or 0.0)

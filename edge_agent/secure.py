@@ -9,6 +9,13 @@ request it reveals, once, the shares the survivors list entitles the coordinator
 fails (``SecAggAborted``: under the threshold, a bad bundle, a request naming too few) ends its
 part in the round: it sends nothing more, so its update is never revealed in the clear.
 
+Under SCAFFOLD the control delta is masked after the delta (``protocol.secagg.vector``). The worker
+commits the agent's new variate when it builds the update, before any masking: an agent whose input
+is not in the sum (it left the session, it was not among the survivors, or the round failed after)
+would keep a variate the server never added. ``settled`` says, once per secure round it answered,
+whether its input was counted: named among the survivors and the family's state advanced past that
+round, as the next announcement shows (``settle``). A caller rolls the variate back on False.
+
 Called only from the agent's loop thread (``edge_agent.agent``), like the rest of its state.
 """
 
@@ -49,7 +56,8 @@ _RELAY_LIMITS = DecodeLimits(max_payload_bytes=16 * 1024 * 1024, max_array_eleme
 
 class SecureParticipant:
     def __init__(self, agent_id: str, family: str, topics: Topics, publish: Callable[[str, bytes], None],
-                 seal: Callable[[bytes], bytes], audit: AgentStateDir | None = None) -> None:
+                 seal: Callable[[bytes], bytes], audit: AgentStateDir | None = None,
+                 settled: Callable[[str, int, bool], None] | None = None) -> None:
         self.agent_id = agent_id
         self.family = family
         self.topics = topics
@@ -63,12 +71,19 @@ class SecureParticipant:
         self.client: SecAggClient | None = None
         self._inbox: dict[str, bytes] | None = None
         self._update: Update | None = None
+        self._settled = settled
+        self._answered: tuple[str, int] | None = None
+        """The secure round whose training answer this agent took, until ``settled`` is told its fate."""
+        self._named = False
+        """Whether that round's unmasking request named this agent a survivor (and it revealed)."""
 
     def subscriptions(self) -> list[tuple[str, int]]:
         return [(self.topics.secagg_relays_of(self.family), 1), (self.topics.secagg_inbox_of(self.agent_id), 1)]
 
     def begin(self, ann: RoundAnnouncement) -> None:
-        """A secure round that names this agent: advertise its keys (once per round)."""
+        """A secure round that names this agent: advertise its keys (once per round). Any later announcement
+        settles the round this agent last answered securely (see ``settle``)."""
+        self.settle(ann)
         if ann.secure is None or self.round == (ann.run_id, ann.round):
             return
         session = ann.secure.families.get(self.family)
@@ -88,6 +103,7 @@ class SecureParticipant:
         """Whether ``update`` answers this agent's secure round (then it is masked here, never sent plain)."""
         if self.round != (update.run_id, update.round) or update.task != "train":
             return False
+        self._answered, self._named = self.round, False
         if self.client is not None:
             self._update = update
             self._guarded(self._maybe_mask)
@@ -130,7 +146,9 @@ class SecureParticipant:
         assert self.round is not None and self.setup is not None and self.session is not None
         update, self._update = self._update, None
         try:
-            plain, ring = encode_input(update.delta, self.setup, self.session, update.num_samples)
+            # Under SCAFFOLD (the round declares control_clip) its control delta is masked after its delta.
+            plain, ring = encode_input(update.delta, self.setup, self.session, update.num_samples,
+                                       update.control_delta or None)
         except ValueError as exc:
             raise SecAggAborted("mask", str(exc)) from exc
         masked = pack_masked(self.client.masked_input(ring, self._inbox), self.session)
@@ -151,6 +169,25 @@ class SecureParticipant:
         self._send("reveal", SecureReveal(run_id=self.round[0], round=self.round[1], agent_id=self.agent_id,
                                           self_mask_shares=response.self_mask_shares, key_shares=response.key_shares))
         self.client = None
+        self._named = self._answered == self.round
+
+    def settle(self, ann: RoundAnnouncement) -> None:
+        """The first later announcement of the run tells whether the answered round's sum became the state: the
+        family's state then dates from after it (a failed round leaves the state it started from). ``begin``
+        calls it; a caller that gives ``begin`` only the rounds selecting this agent gives it the others, so
+        that a round failed after its unmasking request is not taken for counted once a later one completed."""
+        answered = self._answered
+        if answered is None or ann.run_id != answered[0] or ann.round <= answered[1]:
+            if answered is not None and ann.run_id != answered[0]:
+                self._answered = None  # another run: its variates are another run's (keyed by run)
+            return
+        ref = ann.states.get(self.family)
+        counted = self._named and ref is not None and ref.round > answered[1]
+        self._answered, self._named = None, False
+        if not counted:
+            log.warning("round %d: this agent's masked input is not in the sum that was folded", answered[1])
+        if self._settled is not None:
+            self._settled(answered[0], answered[1], counted)
 
     def _send(self, stage: str, message: Message) -> None:
         assert self.round is not None

@@ -11,15 +11,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from protocol.messages import Message
+from protocol.messages import LocalTraining, Message, RoundAnnouncement, StateRef, TaskRef
 from protocol.secagg.messages import BUNDLE_BYTES
 from protocol.secagg.wire import (
     AdvertisedKeys,
     SecureAdvertise,
+    SecureFamily,
     SecureInbox,
     SecureKeys,
     SecureMasked,
     SecureReveal,
+    SecureSetup,
     SecureShares,
     SecureUnmask,
 )
@@ -42,7 +44,9 @@ def fixed(label: str, size: int = 32) -> bytes:
 
 
 def secure_vectors(v: Adds, topics: Topics, run_id: str, agent: str, family: str) -> None:
-    """One message of each stage of round 3, unsigned (they travel signed as every message does)."""
+    """One message of each stage of round 3, unsigned (they travel signed as every message does), and the
+    announcement of a secure SCAFFOLD round."""
+    _secure_round(v, topics, run_id, agent, family)
     keys = AdvertisedKeys(agent_id=agent, encryption_key=fixed("enc"), mask_key=fixed("mask"),
                           commitment=fixed("commit"))
     peer = AdvertisedKeys(agent_id=PEER, encryption_key=fixed("enc2"), mask_key=fixed("mask2"),
@@ -63,7 +67,7 @@ def secure_vectors(v: Adds, topics: Topics, run_id: str, agent: str, family: str
     v.message("secagg_masked", SecureMasked(run_id=run_id, round=3, agent_id=agent, masked=masked, eval_loss=0.5,
                                             eval_accuracy=0.875, num_eval_samples=16, train_loss=0.25),
               topics.secagg(agent, 3, "masked"), False, "Stage 3: the masked input, uint32 ring elements (the "
-              "family's floating values, then the weight), with the metrics in the clear.")
+              "family's floating values, under SCAFFOLD its control delta's, then the weight), with the metrics in the clear.")
     v.message("secagg_unmask", SecureUnmask(run_id=run_id, round=3, family=family, survivors=[agent, PEER]),
               topics.secagg_relay(family, 3, "unmask"), False, "Stage 3 closed: whose masked input is in the sum.")
     share = np.frombuffer(fixed("share", 32), dtype="<u4") % np.uint32(2**31 - 1)
@@ -71,3 +75,20 @@ def secure_vectors(v: Adds, topics: Topics, run_id: str, agent: str, family: str
                                             self_mask_shares={PEER: share.astype(np.uint32)}, key_shares={}),
               topics.secagg(agent, 3, "reveal"), False, "Stage 4: Shamir shares of surviving neighbours' self-mask "
               "seeds (here one) and of dropped neighbours' mask keys (here none).")
+
+
+def _secure_round(v: Adds, topics: Topics, run_id: str, agent: str, family: str) -> None:
+    """Round 3 of a SCAFFOLD run announced secure: its agents mask the delta, then the control delta."""
+    digest = hashlib.sha256(b"edgefl golden secagg state").hexdigest()[:32]
+    session = SecureFamily(roster=[agent, PEER], graph_seed=fixed("graph"), degree=1, threshold=1, n_params=11,
+                           weight_cap=120)
+    setup = SecureSetup(clip=0.5, advertise_s=15.0, share_s=15.0, unmask_s=15.0, families={family: session},
+                        control_clip=1.0)
+    announcement = RoundAnnouncement(
+        run_id=run_id, round=3, task="train", task_ref=TaskRef(name="golden", version="1"), algorithm="scaffold",
+        training=LocalTraining(epochs=1, learning_rate=0.05, batch_size=32), selected=[agent, PEER],
+        states={family: StateRef(family=family, round=2, digest=digest)}, init_seed=42, issued_at=1767225600.25,
+        deadline_s=60.0, last_round=10, epoch=1767225600250, secure=setup)
+    v.message("secagg_round", announcement, topics.rounds_current, True, "Round 3 of a SCAFFOLD run announced "
+              "secure: one session of two agents, 11 ring elements each (5 delta values, 5 control-delta values "
+              "clipped to control_clip, the weight).")

@@ -7,7 +7,8 @@ on all of a stage's agents answering or on their deadline: advertise (``secagg_s
 -> keys relayed; share (another ``secagg_stage_s``) -> each agent's sealed bundles relayed to it;
 masked inputs (the round's deadline) -> the survivors announced; reveals (``secagg_stage_s`` more) ->
 the masks removed, and the unmasked sum folded into the strategy as one group (as a site's partial is),
-its survivors entering the round as answered agents without arrays. The server keeps only a running
+its survivors entering the round as answered agents without arrays (under SCAFFOLD the one sum holds the
+control deltas' too, folded beside the deltas: ``protocol.secagg.vector``). The server keeps only a running
 sum: no individual update is ever held here. A session that aborts (under its threshold at any stage)
 fails the round with the reason, before any share is revealed where the masking stage is the cause.
 A masked input or reveal after its stage closed is refused (``SecAggRefused``): a late agent never
@@ -73,6 +74,8 @@ class Session:
     server: SecAggServer
     like: dict[str, np.ndarray]
     """The family's global weights: the layout the sum is read back into."""
+    control_like: dict[str, np.ndarray] | None = None
+    """SCAFFOLD: the family's server control variate, the layout of the control deltas' sum (None: not masked)."""
     members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})
     """Who took part in each stage (U1..U4)."""
     metrics: dict[str, TrainMetrics] = field(default_factory=dict)
@@ -112,6 +115,9 @@ class SecureRounds:
         s = self.settings
         levels = GRID_LEVELS.get(CompressionSpec.parse(s.compression).kind, 0)
         families, self.skipped = {}, []
+        # SCAFFOLD's states carry a server control variate: its agents mask their control delta after the
+        # delta, clipped to its own range (gradient units, not weight units: secagg_control_clip).
+        controls = {f: states[f].control or None for f in by_family}
         for family, agents in sorted(by_family.items()):
             n = len(agents)
             degree = max(min(s.secagg_degree or default_degree(max(n, 2)), n - 1), 1)
@@ -130,10 +136,11 @@ class SecureRounds:
                 cap = min(cap, math.ceil(claims[n // 2] * s.claim_cap_multiple))
             families[family] = SecureFamily(
                 roster=sorted(agents), graph_seed=secrets.token_bytes(32), degree=degree, threshold=threshold,
-                n_params=vector_length(states[family].weights), weight_cap=max(cap, 1),
+                n_params=vector_length(states[family].weights, controls[family]), weight_cap=max(cap, 1),
                 ring_bits=ring_bits(levels, n) if levels else 32)
+        control_clip = s.secagg_control_clip if any(controls[f] for f in families) else None
         setup = SecureSetup(clip=s.secagg_clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
-                            unmask_s=s.secagg_stage_s, families=families, levels=levels)
+                            unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip)
         # The compression moves into the ring (the grid and ring_bits above): agents mask the quantised
         # delta and send no packed arrays, so the announcement asks for none.
         return announcement.model_copy(update={"secure": setup, "compression": "none"})
@@ -156,7 +163,9 @@ class SecureRounds:
             except ValueError as exc:
                 problems.append(f"{family}: {exc}")
                 continue
-            self.sessions[family] = Session(family, fam, SecAggServer(config), parts.strategy.states[family].weights)
+            state = parts.strategy.states[family]
+            self.sessions[family] = Session(family, fam, SecAggServer(config), state.weights,
+                                            state.control if setup.control_clip is not None else None)
             self.family_of.update((agent, family) for agent in fam.roster)
         open_round.secure = {"families": {}, "stages": {}}
         self._enter("advertise", open_round.opened, open_round.opened + setup.advertise_s)
@@ -298,15 +307,20 @@ class SecureRounds:
         """Every session unmasks its sum; only then is anything folded (a failure leaves the strategy as it was)."""
         setup = self.setup
         assert setup is not None and open_round.secure is not None
-        means: dict[str, RunningMean] = {}
+        means: dict[str, dict[str, RunningMean]] = {}
         for family, session in self.sessions.items():
             server = session.server
             total = server.finish()
             survivors = server.survivors
-            sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup)
-            others = {n: np.zeros_like(a) for n, a in session.like.items() if a.dtype.kind != "f"}
-            means[family] = RunningMean.of_sums(layout_key(session.like), sums, others, weight, len(survivors),
-                                                (0.0, ""))
+            sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
+            # One weight for every payload: the agent weighed its delta and control delta alike (sample-weighted
+            # means, as Scaffold.aggregate takes them in a plain round).
+            layouts = {"delta": session.like, "control_delta": session.control_like or {}}
+            means[family] = {
+                payload: RunningMean.of_sums(layout_key(layouts[payload]), payload_sums,
+                                             {n: np.zeros_like(a) for n, a in layouts[payload].items()
+                                              if a.dtype.kind != "f"}, weight, len(survivors), (0.0, ""))
+                for payload, payload_sums in sums.items()}
             open_round.secure["families"][family] = self._account(session)
         for family, mean in means.items():
             session = self.sessions[family]

@@ -10,7 +10,7 @@ the kept group is always a union of whole folded groups.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,15 +68,19 @@ class RoundFolds:
         self._layouts[update.agent_id] = dict(joint)
         return update.model_copy(update={name: {} for name in payload})
 
-    def add_folded(self, family: str, name: str, mean: RunningMean, members: set[str]) -> None:
-        """A mean folded elsewhere (a site's partial aggregate of ``members``) as a group of its own: ``mean``
-        combines it with the groups of the same layout, exactly as if its members had been folded here."""
-        assert mean.layout is not None
-        group = _Group({name: mean}, set(members))
-        joint = ((name, mean.layout), ("members", tuple(sorted(members))))  # never an update's own key
+    def add_folded(self, family: str, means: Mapping[str, RunningMean], members: set[str]) -> None:
+        """Means folded elsewhere (a site's partial aggregate of ``members``, a secure round's unmasked sums),
+        payload field -> mean, as a group of its own: ``mean`` combines each with the groups of the same
+        layout, exactly as if its members had been folded here."""
+        layouts: dict[str, Layout] = {}
+        for name, mean in means.items():
+            assert mean.layout is not None
+            layouts[name] = mean.layout
+        group = _Group(dict(means), set(members))
+        joint = (*sorted(layouts.items()), ("members", tuple(sorted(members))))  # never an update's own key
         self._groups[(family, joint)] = group  # type: ignore[index]
         for agent_id in members:
-            self._layouts[agent_id] = {name: mean.layout}
+            self._layouts[agent_id] = dict(layouts)
 
     def layout(self, update: Update, name: str) -> Layout | None:
         """The layout ``update`` had in payload field ``name`` when it was folded (None: it had none)."""

@@ -143,12 +143,14 @@ class Strategy(ABC):
             return self.rows.add(update)
         return update
 
-    def accumulate_sums(self, family: str, mean: RunningMean, members: set[str]) -> bool:
-        """Take in deltas folded elsewhere (a site's partial aggregate of ``members``); False when this round
-        does not fold deltas into a mean (a robust rule, FedProto), which then cannot use them."""
+    def accumulate_sums(self, family: str, mean: RunningMean | Mapping[str, RunningMean], members: set[str]) -> bool:
+        """Take in payloads folded elsewhere for ``members``: a site's partial aggregate (its deltas' mean), or
+        a secure round's unmasked sums (payload field -> mean: ``delta``, and ``control_delta`` under SCAFFOLD).
+        False when this round does not fold payloads into means (a robust rule, FedProto), which then cannot
+        use them."""
         if self.folds is None:
             return False
-        self.folds.add_folded(family, "delta", mean, members)
+        self.folds.add_folded(family, {"delta": mean} if isinstance(mean, RunningMean) else mean, members)
         return True
 
     def end_round(self) -> None:

@@ -58,7 +58,7 @@ ALGORITHMS.register(
     "scaffold", by_reference("coordinator.strategies.scaffold:build"),
     summary="SCAFFOLD: deltas corrected by control variates (local momentum 0)",
     settings=("server_learning_rate",), modes=("sync",), payloads=("weights", "delta", "control"), dp=DP_EITHER,
-    secure=("off",))
+    secure=("off", "on"))
 ALGORITHMS.register(
     "fedproto", by_reference("coordinator.strategies.fedproto:build"),
     summary="FedProto: agents of any model family share class prototypes, never weights",

@@ -24,6 +24,12 @@ weights (plus ``dc_i``); the new ``x`` and ``c``'s step are the proposal a stric
 them sent alike (``strategies/bootstrap.py``), ``c`` starting from zero. Every other mean goes
 through the configured aggregator, so robust aggregators apply to both the deltas and the
 control deltas.
+
+Under secure aggregation (the mean only) both means arrive folded: each agent masks its control
+delta after its delta in one vector, weighed alike, each control value clipped on the device to
+``secagg_control_clip`` (``protocol/secagg/vector.py``), and the unmasked sums join the round's
+folds as one group of the survivors (``coordinator/round/secure.py``), so ``aggregate`` below gives
+the x and c of a plain round of the same survivors, within the quantisation step.
 """
 
 from __future__ import annotations

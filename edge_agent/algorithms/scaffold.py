@@ -31,6 +31,7 @@ from edge_agent.algorithms.base import ClientAlgorithm, model_fields, parameter_
 from edge_agent.algorithms.registry import register_client
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
+from edge_agent.state import AgentStateDir
 from edge_agent.training import TrainResult
 from edge_agent.weights import get_arrays, subtract
 from protocol.arrays import check_layout, layout_of
@@ -111,9 +112,28 @@ class ScaffoldClient(ClientAlgorithm):
             return zeros
 
     def save_control(self, before: dict[str, np.ndarray], after: dict[str, np.ndarray]) -> None:
-        arrays = {_ROUND: np.array(self.context.round, dtype=np.int64)}
-        arrays |= {_BEFORE + k: v for k, v in before.items()} | {_AFTER + k: v for k, v in after.items()}
-        self.state.write_arrays(self.state_name, arrays)
+        write_control(self.state, self.state_name, self.context.round, before, after)
+
+
+def write_control(state: AgentStateDir, name: str, round_number: int, before: dict[str, np.ndarray],
+                  after: dict[str, np.ndarray]) -> None:
+    arrays = {_ROUND: np.array(round_number, dtype=np.int64)}
+    arrays |= {_BEFORE + k: v for k, v in before.items()} | {_AFTER + k: v for k, v in after.items()}
+    state.write_arrays(name, arrays)
+
+
+def revert_control(state: AgentStateDir, run_id: str, family: str, round_number: int) -> bool:
+    """Undo ``round_number``'s step of this agent's variate (True when there was one to undo).
+
+    For a round whose control delta the server never added (a secure round that left this agent's masked
+    input out of the sum, or failed): ``c`` stays the mean of the variates only if ``c_i`` stays too."""
+    name = f"{FILE_PREFIX}{run_id}-{family}"
+    stored = state.read_arrays(name)
+    if stored is None or int(stored[_ROUND]) != round_number:
+        return False
+    before = {k[len(_BEFORE):]: v for k, v in stored.items() if k.startswith(_BEFORE)}
+    write_control(state, name, round_number, before, before)
+    return True
 
 
 register_client(ScaffoldClient, summary="plain SGD steps corrected by c - c_i; sends the delta and its control delta", payloads=("weights", "delta", "control"))

@@ -1,10 +1,13 @@
-"""What an agent masks in a secure FedAvg round, and how the coordinator reads the unmasked sum back.
+"""What an agent masks in a secure round, and how the coordinator reads the unmasked sum back.
 
-The vector is the family's floating arrays in sorted name order, each value clipped to [-clip, clip]
-and multiplied by the agent's weight w = min(samples, weight_cap) / weight_cap (in [0, 1]), then one
-last element w * clip. Quantised with ``Quantiser(clip, len(roster), ring_bits, levels)`` (the
-round's grid: the finest, or int8's or fp16's, ``protocol.secagg.ring``) the ring sum of every
-survivor reads back exactly as the integer sum, so the coordinator gets sum(w_i x_i) and sum(w_i),
+The vector is the family's floating arrays in sorted name order, each value clipped to [-clip, clip],
+then, under SCAFFOLD (the round declares ``control_clip``), the control-variate delta's floating arrays
+in sorted name order, each clipped to [-control_clip, control_clip] and scaled by clip / control_clip
+(so one grid holds both, the control values at a step control_clip / clip times the delta's), all
+multiplied by the agent's weight w = min(samples, weight_cap) / weight_cap (in [0, 1]), then one last
+element w * clip. Quantised with ``Quantiser(clip, len(roster), ring_bits, levels)`` (the round's grid:
+the finest, or int8's or fp16's, ``protocol.secagg.ring``) the ring sum of every survivor reads back
+exactly as the integer sum, so the coordinator gets sum(w_i x_i) (and sum(w_i dc_i)) and sum(w_i),
 divides, and never sees one agent's values. The masked input travels as its low ``ring_bits`` bits
 (``pack_masked``). Integer arrays (counters) are not averaged: their delta is 0.
 """
@@ -25,8 +28,9 @@ def float_names(arrays: Mapping[str, np.ndarray]) -> list[str]:
     return sorted(name for name, a in arrays.items() if np.asarray(a).dtype.kind == "f")
 
 
-def vector_length(arrays: Mapping[str, np.ndarray]) -> int:
-    return sum(int(np.asarray(arrays[n]).size) for n in float_names(arrays)) + 1
+def vector_length(arrays: Mapping[str, np.ndarray], control: Mapping[str, np.ndarray] | None = None) -> int:
+    """Ring elements of one masked input: ``arrays``' floating values, ``control``'s (SCAFFOLD), the weight."""
+    return sum(int(np.asarray(a[n]).size) for a in (arrays, control or {}) for n in float_names(a)) + 1
 
 
 def quantiser(setup: SecureSetup, family: SecureFamily) -> Quantiser:
@@ -49,29 +53,51 @@ def agent_weight(samples: int, weight_cap: int) -> float:
     return min(max(samples, 0), weight_cap) / weight_cap
 
 
-def encode_input(delta: Mapping[str, np.ndarray], setup: SecureSetup, family: SecureFamily,
-                 samples: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the float64 vector before quantising, its uint32 ring form) of one agent's delta."""
-    names = float_names(delta)
+def _control_scale(setup: SecureSetup, control: bool) -> float:
+    """What a control value is multiplied by to share the delta's grid (its range [-control_clip, control_clip]
+    onto [-clip, clip]); ValueError when the round masks control deltas and the caller has none, or the reverse."""
+    if control != (setup.control_clip is not None):
+        raise ValueError("the round masks a control delta beside the delta" if setup.control_clip is not None
+                         else "the round declares no control_clip: it masks no control delta")
+    return setup.clip / setup.control_clip if setup.control_clip is not None else 1.0
+
+
+def encode_input(delta: Mapping[str, np.ndarray], setup: SecureSetup, family: SecureFamily, samples: int,
+                 control: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the float64 vector before quantising, its uint32 ring form) of one agent's delta, and of its control
+    delta when the round masks one (``setup.control_clip`` set: SCAFFOLD)."""
+    scale = _control_scale(setup, control is not None)
     weight = agent_weight(samples, family.weight_cap)
-    parts = [np.clip(np.asarray(delta[n], dtype=np.float64).reshape(-1), -setup.clip, setup.clip) for n in names]
+    parts = [np.clip(np.asarray(delta[n], dtype=np.float64).reshape(-1), -setup.clip, setup.clip)
+             for n in float_names(delta)]
+    if control is not None:
+        bound = setup.clip / scale  # control_clip
+        parts += [np.clip(np.asarray(control[n], dtype=np.float64).reshape(-1), -bound, bound) * scale
+                  for n in float_names(control)]
     plain = np.concatenate([*parts, np.array([setup.clip], dtype=np.float64)]) * weight
     if plain.size != family.n_params:
-        raise ValueError(f"the delta has {plain.size - 1} floating values, the round declares {family.n_params - 1}")
+        raise ValueError(f"the update has {plain.size - 1} floating values, the round declares {family.n_params - 1}")
     return plain, quantiser(setup, family).quantise(plain)
 
 
 def decode_sum(total: np.ndarray, count: int, like: Mapping[str, np.ndarray], setup: SecureSetup,
-               family: SecureFamily) -> tuple[dict[str, np.ndarray], float]:
-    """(float64 weighted sums per floating array of ``like``, the total weight) from the unmasked ring sum."""
+               family: SecureFamily, control_like: Mapping[str, np.ndarray] | None = None,
+               ) -> tuple[dict[str, dict[str, np.ndarray]], float]:
+    """({"delta": float64 weighted sums per floating array of ``like``, and "control_delta": those of
+    ``control_like`` when the round masks control deltas}, the total weight) from the unmasked ring sum."""
+    scale = _control_scale(setup, control_like is not None)
     values = quantiser(setup, family).dequantise_sum(total, count)
-    sums: dict[str, np.ndarray] = {}
+    sums: dict[str, dict[str, np.ndarray]] = {}
     offset = 0
-    for name in float_names(like):
-        shape = np.asarray(like[name]).shape
-        size = int(np.prod(shape, dtype=np.int64))
-        sums[name] = values[offset:offset + size].reshape(shape)
-        offset += size
+    for payload, arrays, factor in (("delta", like, 1.0), ("control_delta", control_like, 1.0 / scale)):
+        if arrays is None:
+            continue
+        sums[payload] = {}
+        for name in float_names(arrays):
+            shape = np.asarray(arrays[name]).shape
+            size = int(np.prod(shape, dtype=np.int64))
+            sums[payload][name] = values[offset:offset + size].reshape(shape) * factor
+            offset += size
     if offset + 1 != values.size:
         raise ValueError(f"the sum has {values.size} elements, the layout {offset + 1}")
     return sums, float(values[-1] / setup.clip)

@@ -36,7 +36,8 @@ class SecureFamily(WireModel):
     degree: int = Field(ge=1, le=MAX_DEGREE)
     threshold: int = Field(ge=1, le=MAX_DEGREE)
     n_params: int = Field(ge=2, le=1 << 31)
-    """Ring elements per masked input: the family's floating values, then the weight."""
+    """Ring elements per masked input: the family's floating values (then its control variates' under
+    SCAFFOLD), then the weight."""
     weight_cap: int = Field(ge=1)
     """Samples one agent counts for at most: it masks weight = min(samples, cap) / cap."""
     ring_bits: int = Field(default=32, ge=2, le=32)
@@ -65,6 +66,9 @@ class SecureSetup(WireModel):
     levels: int = Field(default=0, ge=0, le=1 << 15)
     """The grid: one value quantises to an integer in [-levels, levels] (127: int8, 2047: fp16); 0: the
     finest the ring of 2^32 allows (then every family's ring has 32 bits)."""
+    control_clip: float | None = Field(default=None, gt=0.0, le=1e6)
+    """SCAFFOLD: every value of an agent's control-variate delta (gradient units, not weight units) is clipped
+    on the device to [-control_clip, control_clip] and masked after its delta; None: no control delta is masked."""
 
     @model_validator(mode="after")
     def _rings(self) -> SecureSetup:

@@ -27,7 +27,8 @@ SECURE = {"secure_aggregation": True, "max_norm_ratio": 0, "claim_cap_multiple":
 class Fleet:
     """The engine and four secure participants; ``pump`` carries messages both ways until nothing moves."""
 
-    def __init__(self, tmp_path: Path, **overrides: object) -> None:
+    def __init__(self, tmp_path: Path, bootstrap: dict[str, object] | None = None, **overrides: object) -> None:
+        """``bootstrap``: what each agent sends in round 1 beside the seeded weights (SCAFFOLD's control delta)."""
         self.clock = Clock()
         self.engine, self.outbox, self.metrics = make_engine(tmp_path, self.clock, **{**SECURE, **overrides})
         self.up: list[tuple[str, bytes]] = []
@@ -38,7 +39,8 @@ class Fleet:
             hello(self.engine, agent, samples=SAMPLES[agent])
         self.engine.tick()
         for agent in AGENTS:  # round 1 bootstraps, in the clear (seeded weights, nothing learned)
-            send(self.engine, update(self.engine, agent, 1, samples=SAMPLES[agent], weights=weights(1.0)))
+            send(self.engine, update(self.engine, agent, 1, samples=SAMPLES[agent], weights=weights(1.0),
+                                     **(bootstrap or {})))
         self.engine.tick(), self.engine.tick()
 
     def announcement(self) -> RoundAnnouncement:
@@ -63,9 +65,11 @@ class Fleet:
             if not moved:
                 return
 
-    def train(self, deltas: dict[str, dict[str, np.ndarray]], round_number: int = 2) -> None:
+    def train(self, deltas: dict[str, dict[str, np.ndarray]], round_number: int = 2,
+              controls: dict[str, dict[str, np.ndarray]] | None = None) -> None:
         for agent, delta in deltas.items():
-            plain = update(self.engine, agent, round_number, samples=SAMPLES[agent], delta=delta)
+            extra = {"control_delta": controls[agent]} if controls is not None else {}
+            plain = update(self.engine, agent, round_number, samples=SAMPLES[agent], delta=delta, **extra)
             assert self.agents[agent].takes(plain)
 
     def state(self, round_number: int) -> GlobalState:
@@ -257,7 +261,7 @@ def test_top_k_is_refused_at_start_up_with_its_reason() -> None:
 
 @pytest.mark.parametrize("override, named", [
     ({"aggregator": "median"}, "aggregator median"),
-    ({"algorithm": "scaffold", "momentum": 0.0}, "algorithm scaffold"),
+    ({"algorithm": "fedproto"}, "algorithm fedproto"),
     ({"max_norm_ratio": 1.0}, "max_norm_ratio"),
     ({"weighting": "kl"}, "weighting kl"),
     ({"clip_norm": 1.0}, "clip_norm"),

@@ -10,7 +10,7 @@ import torch
 
 from edge_agent.algorithms import RoundContext
 from edge_agent.algorithms.base import parameter_names
-from edge_agent.algorithms.scaffold import ScaffoldClient
+from edge_agent.algorithms.scaffold import ScaffoldClient, revert_control
 from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from protocol.errors import ProtocolError
@@ -116,3 +116,27 @@ def test_a_compressed_round_packs_the_control_delta_with_its_own_residual(tmp_pa
     for name in names:  # what was held back plus what was sent is the control delta the agent computed
         np.testing.assert_allclose(residual[f"control/{name}"] + sent[name], plain.control_delta[name], rtol=1e-5,
                                    atol=1e-6)
+
+
+def test_a_round_left_out_of_the_sum_has_its_variate_step_undone(tmp_path: Path) -> None:
+    data = digits_subset()
+    first = make_worker(tmp_path, data).answer(announce("scaffold", 1, momentum=0.0), None)
+    after_round_1 = control_of(tmp_path)
+    state = global_state(FAMILY, 2, weights=first.weights,
+                         control={n: np.zeros_like(a) for n, a in first.control_delta.items()})
+    second = make_worker(tmp_path, data).answer(announce("scaffold", 2, state, momentum=0.0), state)
+    assert any(np.abs(v).max() > 0 for v in second.control_delta.values())  # round 2 moved the variate
+    store = AgentStateDir(tmp_path)
+
+    assert not revert_control(store, RUN, FAMILY, 1)  # not the round stored last: nothing to undo
+    assert not revert_control(store, "another-run", FAMILY, 2)
+    assert revert_control(store, RUN, FAMILY, 2)
+    for name, value in control_of(tmp_path).items():
+        np.testing.assert_array_equal(value, after_round_1[name])
+
+    # Round 3 starts from round 1's variate, as if round 2 had never been answered.
+    third = make_worker(tmp_path, data).answer(announce("scaffold", 3, state, momentum=0.0), state)
+    stored = store.read_arrays(f"scaffold-{RUN}-{FAMILY}")
+    assert stored is not None and int(stored["round"]) == 3 and third.control_delta
+    for name, value in after_round_1.items():
+        np.testing.assert_array_equal(stored[f"before/{name}"], value)
