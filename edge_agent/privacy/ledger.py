@@ -116,7 +116,7 @@ class PrivacyLedger:
         self.rounds = 0
         """Rounds charged, across every run."""
         self.last_round: list[Charge] = []
-        """What the last round cost: the yardstick for whether another round fits."""
+        """What the last round cost, or would have cost when refused: the yardstick for whether another fits."""
         self.calibration: dict[str, Any] | None = None
         self._accountant = create_accountant(mechanism)
         self._epsilon = 0.0
@@ -159,9 +159,15 @@ class PrivacyLedger:
 
     # -- spending -------------------------------------------------------------------------
     def charge(self, charges: Sequence[Charge]) -> float:
-        """Record one round's ``charges`` and save, or raise ``BudgetExhausted`` having spent nothing."""
+        """Record one round's ``charges`` and save, or raise ``BudgetExhausted`` having spent nothing.
+
+        A refused round becomes the yardstick of ``exhausted``: else an agent whose first round already
+        overspends would never say it is spent, and be selected (and waited for) round after round."""
         projected = self.epsilon_with(charges)
         if self.budget is not None and projected > self.budget + _EPSILON_SLACK:
+            if list(charges) != self.last_round:
+                self.last_round, self._exhausted = list(charges), None
+                self.save()
             raise BudgetExhausted(self._epsilon, projected, self.budget)
         self.history = _compose(self.history, charges, self.mechanism)
         self.rounds += 1

@@ -70,6 +70,20 @@ def test_a_round_past_the_budget_is_refused_and_spends_nothing(tmp_path: Path) -
     assert ledger.spent().exhausted and ledger.spent().epsilon == pytest.approx(one_round)
 
 
+def test_a_first_round_past_the_budget_marks_the_ledger_spent_across_a_restart(tmp_path: Path) -> None:
+    # Nothing was ever charged, so no last round says whether another fits: the refused one must.
+    state = AgentStateDir(tmp_path)
+    one_round = PrivacyLedger("rdp", 1e-5, None).epsilon_with([ROUND])
+    ledger = PrivacyLedger.open(state, fixed(budget=one_round * 0.5))
+    assert not ledger.exhausted
+    with pytest.raises(BudgetExhausted):
+        ledger.charge([ROUND])
+    assert ledger.exhausted and ledger.spent().exhausted
+    assert ledger.rounds == 0 and ledger.epsilon == 0.0 and ledger.history == []  # nothing spent
+    reopened = PrivacyLedger.open(state, fixed(budget=one_round * 0.5))
+    assert reopened.exhausted and reopened.epsilon == 0.0
+
+
 def test_target_epsilon_is_calibrated_once_and_fits_exactly_the_planned_rounds(tmp_path: Path) -> None:
     config = DPConfig(target_epsilon=3.0, planned_rounds=4)
     ledger = PrivacyLedger.open(AgentStateDir(tmp_path), config)
