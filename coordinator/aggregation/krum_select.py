@@ -1,8 +1,13 @@
-"""Krum's choice from a float32 Gram matrix, confirmed in float64: the same rows, half the BLAS time.
+"""Krum's choice from bounds on every score, confirmed in float64: the rows float64 scores choose, at a fraction of the cost.
 
-Krum needs every pairwise distance: n^2 / 2 dot products of d values, which is the whole cost at
-scale (1,000 x 127k: 6.4e10 multiply-adds). Here they run in float32 (BLAS syrk, twice float64's
-speed), and float64 settles every choice they cannot:
+First, while f is small next to n, the scores are bounded from row sums in O(n d)
+(``krum_sums.py``: every distance summed at once, pivots bounding the f + 1 largest). If those
+bounds leave more than ``SUM_CANDIDATES`` (or n / 16) distinct rows open, the bounds come from
+a float32 Gram matrix instead. Either way the rows left open get float64 scores (step 3).
+
+The Gram matrix needs every pairwise distance: n^2 / 2 dot products of d values (1,000 x 127k:
+6.4e10 multiply-adds). They run in float32 (BLAS syrk, twice float64's speed), and float64
+settles every choice they cannot:
 
 1. Each column block of the rows (clipped as read) is centred at a per-column reference (the
    coordinate-wise median of a sample of rows: distances do not change, and rounding then
@@ -40,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from coordinator.aggregation.krum_sums import centre, k_smallest_sums, sum_bounds
 from coordinator.aggregation.stack import UpdateStack
 
 FLOAT32_BLOCK = 2048
@@ -48,8 +54,8 @@ HASHED_CANDIDATES = 16
 """More candidates than this are grouped by equal values (a hash) before their float64 scores."""
 FAST_MIN_ROWS = 32
 """Below this many rows every score is computed in float64 (cheap there, and no bound to trust)."""
-CENTRE_SAMPLE = 31
-"""Rows (evenly spaced) whose coordinate-wise median centres each block: a minority cannot move it far."""
+SUM_CANDIDATES = 32
+"""Distinct rows the O(n d) bounds (krum_sums.py) may leave for float64 scores (or n / 16) before the Gram takes over."""
 BOUND_CHUNK_BYTES = 32 * 1024 * 1024
 """Row chunk of the n x n distance bounds."""
 U32, U64 = 2.0 ** -24, 2.0 ** -53
@@ -71,11 +77,23 @@ def select_lowest(stack: UpdateStack, f: int, count: int) -> Selection:
     k = n - f - 2
     if n < FAST_MIN_ROWS:
         return _from_exact(stack, k, count)
+    from_sums = sum_bounds(stack, f)  # O(n d): settles it while f is small next to n
+    if from_sums is not None:
+        selection = _settle(stack, *from_sums, k, count, limit=max(SUM_CANDIDATES, n // 16))
+        if selection is not None:
+            return selection
     gram, eps, absolute = _float32_gram(stack)
     if not np.isfinite(gram).all():
         return _from_exact(stack, k, count)
     lower, upper = _score_bounds(gram, eps, absolute, k, stack.columns)
     del gram
+    return _settle(stack, lower, upper, k, count, limit=n // 2) or _from_exact(stack, k, count)
+
+
+def _settle(stack: UpdateStack, lower: np.ndarray, upper: np.ndarray, k: int, count: int, *,
+            limit: int) -> Selection | None:
+    """The choice from scores bounded by [lower, upper]: float64 scores for every row the bounds
+    leave open; None if more than ``limit`` distinct rows would need one."""
     candidates = np.flatnonzero(lower <= upper.min())
     if count == 1:
         sure, unsure = np.empty(0, dtype=np.int64), candidates
@@ -91,8 +109,8 @@ def select_lowest(stack: UpdateStack, f: int, count: int) -> Selection:
     first_of = _first_equal_rows(stack, checked) if len(checked) > HASHED_CANDIDATES else {
         int(i): int(i) for i in checked}
     distinct = np.unique(list(first_of.values()))
-    if len(distinct) > n // 2:
-        return _from_exact(stack, k, count)
+    if len(distinct) > limit:
+        return None
     by_row = dict(zip(distinct.tolist(), exact_scores(stack, distinct, k).tolist(), strict=True))
     exact = {i: by_row[first] for i, first in first_of.items()}
     best = min(candidates.tolist(), key=lambda i: (exact[i], i))
@@ -115,7 +133,7 @@ def exact_scores(stack: UpdateStack, rows: np.ndarray, k: int) -> np.ndarray:
     everything = np.array_equal(rows, np.arange(n))
     for block in stack.blocks(width):
         values = stack.read_rows(block, buffer)
-        values -= _centre(values)
+        values -= centre(values)
         squares += np.einsum("ij,ij->i", values, values)
         cross += values @ (values if everything else values[rows]).T  # all rows: BLAS syrk
     scores = np.empty(len(rows))
@@ -125,37 +143,52 @@ def exact_scores(stack: UpdateStack, rows: np.ndarray, k: int) -> np.ndarray:
         distances = squares[these, None] + squares[None, :] - 2.0 * cross[:, start:start + chunk].T
         np.maximum(distances, 0.0, out=distances)
         distances[np.arange(len(these)), these] = np.inf  # a row is not its own neighbour
-        scores[start:start + chunk] = _k_smallest_sums(distances, k)
+        scores[start:start + chunk] = k_smallest_sums(distances, k)
     return scores
 
 
 def _first_equal_rows(stack: UpdateStack, rows: np.ndarray) -> dict[int, int]:
     """Each of ``rows`` -> the first of them with equal values (as read): clones of one update,
-    which Byzantine agents may send and the bench's fleet does, need one float64 score, not one each."""
-    hashes = [hashlib.blake2b(digest_size=16) for _ in rows]
+    which Byzantine agents may send and the bench's fleet does, need one float64 score, not one each.
+
+    Rows are grouped by their first block's bytes, and each group is confirmed equal over the
+    other blocks in one vectorised comparison per block (memory speed; hashing whole rows took
+    a third of a Krum round at 1,000 x 127k). Rows that differ from their group's first later on
+    are grouped by a hash of all their values."""
+    picked = [int(i) for i in rows]
+    width = stack.block_width(len(picked))
+    buffer = np.empty(width * len(picked), dtype=np.float32 if stack.exact_in_float32 else np.float64)
+    blocks = stack.blocks(width)
+    values = stack.read_rows(next(blocks), buffer, picked)
+    by_prefix: dict[bytes, int] = {}
+    leader = np.array([by_prefix.setdefault(values[p].tobytes(), p) for p in range(len(picked))])
+    same = np.ones(len(picked), dtype=bool)
+    for block in blocks:
+        values = stack.read_rows(block, buffer, picked)
+        same &= (values == values[leader]).all(axis=1)
+    first = {picked[p]: picked[leader[p]] for p in np.flatnonzero(same)}
+    differing = [picked[p] for p in np.flatnonzero(~same)]  # a leader always matches itself
+    if differing:
+        first.update(_first_equal_by_hash(stack, differing))
+    return first
+
+
+def _first_equal_by_hash(stack: UpdateStack, rows: list[int]) -> dict[int, int]:
+    hashes = [hashlib.sha256() for _ in rows]
     width = stack.block_width(len(rows))
-    buffer = np.empty(width * len(rows))
+    buffer = np.empty(width * len(rows), dtype=np.float32 if stack.exact_in_float32 else np.float64)
     for block in stack.blocks(width):
-        values = stack.read_rows(block, buffer, rows.tolist())
+        values = stack.read_rows(block, buffer, rows)
         for digest, row in zip(hashes, values, strict=True):
             digest.update(row.data)
     first: dict[bytes, int] = {}
-    return {int(i): first.setdefault(digest.digest(), int(i)) for i, digest in zip(rows, hashes, strict=True)}
+    return {i: first.setdefault(digest.digest(), i) for i, digest in zip(rows, hashes, strict=True)}
 
 
 def _from_exact(stack: UpdateStack, k: int, count: int) -> Selection:
     scores = exact_scores(stack, np.arange(stack.n), k)
     order = np.argsort(scores, kind="stable")
     return Selection(int(order[0]), np.sort(order[:count]))
-
-
-def _centre(values: np.ndarray) -> np.ndarray:
-    """Per column, the median of a sample of the rows (in column chunks: np.median copies its input)."""
-    sample = values[::max(1, len(values) // CENTRE_SAMPLE)][:CENTRE_SAMPLE]
-    centre = np.empty(values.shape[1])
-    for start in range(0, values.shape[1], 4096):
-        centre[start:start + 4096] = np.median(sample[:, start:start + 4096], axis=0)
-    return centre
 
 
 def _float32_gram(stack: UpdateStack) -> tuple[np.ndarray, float, float]:
@@ -170,11 +203,11 @@ def _float32_gram(stack: UpdateStack) -> tuple[np.ndarray, float, float]:
     for block in stack.blocks(FLOAT32_BLOCK):
         if direct:
             rounded = stack.read_rows(block, low)
-            rounded -= _centre(rounded).astype(np.float32)  # x - c, both float32: rounded once
+            rounded -= centre(rounded).astype(np.float32)  # x - c, both float32: rounded once
         else:
             values = stack.read_rows(block, buffer)
             rounded = low[:values.size].reshape(values.shape)
-            np.subtract(values, _centre(values), out=rounded, casting="same_kind")
+            np.subtract(values, centre(values), out=rounded, casting="same_kind")
         with np.errstate(over="ignore", invalid="ignore"):
             np.matmul(rounded, rounded.T, out=product)  # a @ a.T: BLAS syrk, half the products
         gram += product
@@ -202,14 +235,9 @@ def _score_bounds(gram: np.ndarray, eps: float, tiny: float, k: int, width: int)
         own = (np.arange(stop - start), np.arange(start, stop))
         low = np.maximum(distances - error, 0.0)
         low[own] = np.inf
-        lower[start:stop] = _k_smallest_sums(low, k)
+        lower[start:stop] = k_smallest_sums(low, k)
         np.maximum(distances, 0.0, out=distances)
         distances += error
         distances[own] = np.inf
-        upper[start:stop] = _k_smallest_sums(distances, k)
+        upper[start:stop] = k_smallest_sums(distances, k)
     return lower, upper
-
-
-def _k_smallest_sums(values: np.ndarray, k: int) -> np.ndarray:
-    """Per row, the sum of its k smallest values (float64)."""
-    return np.partition(values, k - 1, axis=1)[:, :k].sum(axis=1)

@@ -126,6 +126,11 @@ class RoundRows:
         return update.model_copy(update=kept)
 
     @property
+    def stored(self) -> int:
+        """Rows stored so far, over every matrix."""
+        return sum(m.count for m in self._matrices.values())
+
+    @property
     def spilled_bytes(self) -> int:
         return sum(m.matrix.nbytes for m in self._matrices.values() if m.spilled)
 

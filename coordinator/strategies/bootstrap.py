@@ -12,7 +12,7 @@ every proposal is counted with the tally that failed, so no single device, nor a
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,19 +39,22 @@ def proposal_digest(update: Update, fields: Sequence[str]) -> str:
     return digest_arrays([(name, getattr(update, name)) for name in fields])
 
 
-def agree(family: str, proposals: Sequence[Update], fields: Sequence[str], voters: int | None = None) -> Agreement:
+def agree(family: str, proposals: Sequence[Update], fields: Sequence[str], voters: int | None = None,
+          digest_of: Callable[[Update], str] | None = None) -> Agreement:
     """The proposals whose digest more than half of ``voters`` agents sent (default: one per proposal).
 
     ``voters`` lets a caller that already dropped some proposals (a minority layout) keep counting
-    them: a majority is of everyone who proposed, never of what is left.
+    them: a majority is of everyone who proposed, never of what is left. ``digest_of`` gives a
+    proposal's digest where the caller took it already (default: ``proposal_digest``).
     """
+    digest_of = digest_of or (lambda update: proposal_digest(update, fields))
     by_agent: dict[str, Update] = {}
     for update in proposals:  # one vote per agent: admission keeps one update per agent already
         by_agent.setdefault(update.agent_id, update)
     total = max(voters or 0, len(by_agent))
     groups: dict[str, list[Update]] = {}
     for update in by_agent.values():
-        groups.setdefault(proposal_digest(update, fields), []).append(update)
+        groups.setdefault(digest_of(update), []).append(update)
     if not groups:
         return Agreement([], [], None)
     digest, best = max(groups.items(), key=lambda item: (len(item[1]), item[0]))  # ties: no majority anyway

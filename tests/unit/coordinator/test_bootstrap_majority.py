@@ -130,6 +130,27 @@ def test_every_rule_takes_the_majority_proposal_as_received(rule: str) -> None:
     assert_exactly_honest(strategy)
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_proposals_alike_are_stored_once(algorithm: str) -> None:
+    """40 agents propose the same model, two propose their own: three copies are stored, not 42, and the
+    outcome is the one every copy would give."""
+    control = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+    extra = {"control_delta": control} if algorithm == "scaffold" else {}
+    strategy = (Scaffold if algorithm == "scaffold" else FedAvg)(Aggregator.of(weighted_mean))
+    strategy.begin_round(capacity=42)
+    agents = [f"a{i:02d}" for i in range(40)]
+    sent = [proposal(a, {k: v.copy() for k, v in HONEST.items()}, **extra) for a in agents]
+    sent += [proposal("y", noise(), **extra), proposal("z", noise(seed=2), **extra)]
+    updates = [strategy.accumulate(u) for u in sent]
+    assert strategy.proposals is not None and strategy.proposals.stored == (3 if algorithm == "fedavg" else 6)
+    for kept, original in zip(updates, sent, strict=True):  # each still reads as what its agent sent
+        assert proposal_digest(kept, strategy.bootstrap_fields) == proposal_digest(original, strategy.bootstrap_fields)
+    dropped = strategy.aggregate(1, updates, **({"population": {"f": 42}} if algorithm == "scaffold" else {}))
+    strategy.end_round()
+    assert reasons(dropped) == {"y": RejectReason.BOOTSTRAP_DISAGREES, "z": RejectReason.BOOTSTRAP_DISAGREES}
+    assert_exactly_honest(strategy)
+
+
 def test_scaffold_agrees_on_the_weights_and_the_control_delta_together() -> None:
     control = {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
     bent = {**control, "b": np.full(3, 50.0, np.float32)}
