@@ -32,8 +32,8 @@ PIVOT_SHARE = 8
 """Bounds from sums only while the pivots are at most 1 / PIVOT_SHARE of the rows (else the Gram is as cheap)."""
 CENTRE_SAMPLE = 31
 """Rows (evenly spaced) whose coordinate-wise median centres each block: a minority cannot move it far."""
-BLOCK_COLUMNS = 2048
-"""Columns per block at least, whatever the stack's budget: few, large products."""
+BLOCK_BYTES = 32 * 1024 * 1024
+"""float64 working set of one block of all rows (4,096 columns at 1,000 rows): few blocks, bounded memory."""
 ROUNDING_SAFETY = 8.0
 """Factor on the worst-case float64 rounding bound (it is already a worst case; this is headroom)."""
 
@@ -72,7 +72,7 @@ def sum_bounds(stack: UpdateStack, f: int) -> tuple[np.ndarray, np.ndarray] | No
     if pivots is None:
         return None
     excluded = f + 1
-    width = stack.block_width(budget=max(stack.block_bytes, 8 * n * BLOCK_COLUMNS))
+    width = stack.block_width(budget=max(stack.block_bytes, BLOCK_BYTES))
     buffer = np.empty(width * n)
     squares, dots = np.zeros(n), np.zeros(n)  # |y_i|^2 and y_i . s, summed over blocks
     sum_square = 0.0  # |s|^2
