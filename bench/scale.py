@@ -16,7 +16,8 @@ after it send deltas and are the ones timed.
 Columns: median round time of the delta rounds (``duration_s`` in the coordinator's
 rounds.jsonl, with its parts when the coordinator writes them); the raw transport time of
 the same messages (sizes, publishers) as plain bytes to one subscriber process, measured on
-the same broker right after; their ratio; the coordinator's peak RSS (VmHWM) and CPU seconds
+the same broker right after (the median of three replays; their spread is printed below the
+table); their ratio; the coordinator's peak RSS (VmHWM) and CPU seconds
 per round (/proc, from the first round's close to the last's); updates it accepted (sum of
 ``answered`` less ``rejected``) against those the broker acknowledged to the fleet.
 
@@ -41,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from scale_run import EARLY_ROUND, SPLITS, Config, LongResult, Result, human, run_config, run_long
+from scale_run import EARLY_ROUND, RAW_REPLAYS, SPLITS, Config, LongResult, Result, human, run_config, run_long
 
 AGGREGATORS = ("mean", "median", "krum")
 FULL = [Config(n, p, a) for n, p in ((100, 127_000), (100, 1_000_000), (100, 8_000_000), (1000, 127_000),
@@ -182,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {config.label}: {time.monotonic() - started:.0f}s | {table([result])[-1].strip()}", flush=True)
         print()
         print("\n".join(table(results)))
+        spreads = [f"{r.config.label} {min(r.raw_runs):.3f}-{max(r.raw_runs):.3f}" for r in results if r.raw_runs]
+        if spreads:
+            print(f"raw transport, {RAW_REPLAYS} replays a row (the median is the baseline), min-max s: {', '.join(spreads)}")
         verdicts += grid_verdicts(results)
     if args.part in ("all", "long"):
         rounds = args.long or (QUICK_LONG_ROUNDS if args.quick else LONG_ROUNDS)

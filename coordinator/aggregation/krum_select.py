@@ -79,7 +79,8 @@ def select_lowest(stack: UpdateStack, f: int, count: int) -> Selection:
         return _from_exact(stack, k, count)
     from_sums = sum_bounds(stack, f)  # O(n d): settles it while f is small next to n
     if from_sums is not None:
-        selection = _settle(stack, *from_sums, k, count, limit=max(SUM_CANDIDATES, n // 16))
+        selection = _settle(stack, from_sums.lower, from_sums.upper, k, count, limit=max(SUM_CANDIDATES, n // 16),
+                            scored=from_sums.scored)
         if selection is not None:
             return selection
     gram, eps, absolute = _float32_gram(stack)
@@ -91,9 +92,10 @@ def select_lowest(stack: UpdateStack, f: int, count: int) -> Selection:
 
 
 def _settle(stack: UpdateStack, lower: np.ndarray, upper: np.ndarray, k: int, count: int, *,
-            limit: int) -> Selection | None:
+            limit: int, scored: dict[int, float] | None = None) -> Selection | None:
     """The choice from scores bounded by [lower, upper]: float64 scores for every row the bounds
-    leave open; None if more than ``limit`` distinct rows would need one."""
+    leave open (from ``scored`` when it holds a row equal to each, else all computed here); None if
+    more than ``limit`` distinct rows would need one."""
     candidates = np.flatnonzero(lower <= upper.min())
     if count == 1:
         sure, unsure = np.empty(0, dtype=np.int64), candidates
@@ -111,7 +113,8 @@ def _settle(stack: UpdateStack, lower: np.ndarray, upper: np.ndarray, k: int, co
     distinct = np.unique(list(first_of.values()))
     if len(distinct) > limit:
         return None
-    by_row = dict(zip(distinct.tolist(), exact_scores(stack, distinct, k).tolist(), strict=True))
+    by_row = _known(first_of, scored or {}) or dict(
+        zip(distinct.tolist(), exact_scores(stack, distinct, k).tolist(), strict=True))
     exact = {i: by_row[first] for i, first in first_of.items()}
     best = min(candidates.tolist(), key=lambda i: (exact[i], i))
     if count == 1:
@@ -121,6 +124,16 @@ def _settle(stack: UpdateStack, lower: np.ndarray, upper: np.ndarray, k: int, co
         raise RuntimeError(f"Krum's bounds are inconsistent: {len(sure)} sure, {len(unsure)} unsure, {count} wanted")
     extra = sorted(unsure.tolist(), key=lambda i: (exact[i], i))[:wanted]
     return Selection(best, np.sort(np.concatenate([sure, np.array(extra, dtype=np.int64)])))
+
+
+def _known(first_of: dict[int, int], scored: dict[int, float]) -> dict[int, float] | None:
+    """First of equals -> a score from ``scored`` (any of its equals'); None unless every one has one (the
+    scores compared are then all computed one way)."""
+    known: dict[int, float] = {}
+    for row, first in first_of.items():
+        if row in scored:
+            known.setdefault(first, scored[row])
+    return known if set(known) == set(first_of.values()) else None
 
 
 def exact_scores(stack: UpdateStack, rows: np.ndarray, k: int) -> np.ndarray:

@@ -15,12 +15,16 @@ distance to row i is at most (r_i + rho)^2, which gives the upper bound. S_i the
 bound on float64 rounding (of these sums and of the scores ``exact_scores`` computes).
 
 While f is small next to n, M_i is a small part of S_i and the bounds leave a handful of rows
-to score exactly: Krum at 1,000 x 127k reads the rows three times in float64 instead of
-computing a 1,000 x 1,000 Gram matrix. With f near n / 2 they leave many, and
+to score exactly. The second pass scores some rows outright (``SumBounds.scored``: the pivots and
+the rows of least T_i, where the open rows usually are); only when the open rows are not among
+them does a third pass score them. So Krum at 1,000 x 127k reads the rows two or three times in
+float64 instead of computing a 1,000 x 1,000 Gram matrix. With f near n / 2 they leave many, and
 ``krum_select`` falls back to the float32 Gram matrix.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -34,6 +38,8 @@ CENTRE_SAMPLE = 31
 """Rows (evenly spaced) whose coordinate-wise median centres each block: a minority cannot move it far."""
 BLOCK_BYTES = 32 * 1024 * 1024
 """float64 working set of one block of all rows (4,096 columns at 1,000 rows): few blocks, bounded memory."""
+GUESSES = 32
+"""Rows of least T_i (beside the pivots, one per run of equal T_i) whose float64 scores the second pass computes."""
 ROUNDING_SAFETY = 8.0
 """Factor on the worst-case float64 rounding bound (it is already a worst case; this is headroom)."""
 
@@ -64,9 +70,19 @@ def pivot_count(n: int, f: int) -> int | None:
     return pivots if pivots * PIVOT_SHARE <= n else None
 
 
-def sum_bounds(stack: UpdateStack, f: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """[L_i, U_i] around each row's float64 Krum score (see the module docstring); None when f is
-    too large next to n for the bounds to pay."""
+@dataclass(frozen=True)
+class SumBounds:
+    lower: np.ndarray
+    upper: np.ndarray
+    """[L_i, U_i] around each row's float64 Krum score."""
+    scored: dict[int, float]
+    """Float64 scores of the rows whose distances to every row the second pass computed (the pivots, and
+    the ``GUESSES`` rows of least T_i, where the open rows almost always are): then no third pass is needed."""
+
+
+def sum_bounds(stack: UpdateStack, f: int) -> SumBounds | None:
+    """Bounds on every row's float64 Krum score (see the module docstring), and some scores outright; None
+    when f is too large next to n for the bounds to pay."""
     n = stack.n
     pivots = pivot_count(n, f)
     if pivots is None:
@@ -102,23 +118,53 @@ def sum_bounds(stack: UpdateStack, f: int) -> tuple[np.ndarray, np.ndarray] | No
     farthest_other_distance = np.minimum((from_centre + from_centre[others].max()) ** 2,
                                          (from_mean + from_mean[others].max()) ** 2)
 
-    cross = np.zeros((n, pivots))
+    everything = n * squares + total - 2.0 * dots
+    guesses = _least_distinct(everything, chosen, GUESSES)
+    columns = np.concatenate([chosen, guesses])
+    cross = np.zeros((n, len(columns)))
     for block, middle in zip(stack.blocks(width), centres, strict=True):
         rows = stack.read_rows(block, buffer)
         rows -= middle
-        cross += rows @ rows[chosen].T
-    to_pivots = squares[:, None] + squares[chosen][None, :] - 2.0 * cross
-    np.maximum(to_pivots, 0.0, out=to_pivots)
+        cross += rows @ rows[columns].T
+    distances = squares[:, None] + squares[columns][None, :] - 2.0 * cross
+    np.maximum(distances, 0.0, out=distances)
+    scored = _scores_of_columns(distances, columns, n - f - 2)
+    to_pivots = distances[:, :pivots]
     to_pivots[chosen, np.arange(pivots)] = 0.0  # a row is not its own neighbour (a zero never raises a top sum)
     least_largest = k_largest_sums(to_pivots, excluded)
     farthest_other = np.repeat(farthest_other_distance[:, None], excluded, axis=1)
     most_largest = k_largest_sums(np.concatenate([to_pivots, farthest_other], axis=1), excluded)
 
-    everything = n * squares + total - 2.0 * dots
     magnitude = n * squares + total + excluded * (squares + squares.max())
     margin = gamma * 8.0 * magnitude  # T_i's, the pivot distances' and exact_scores' rounding, with room
     lower = np.maximum(everything - most_largest - margin, 0.0)
     upper = everything - least_largest + margin
     if not (np.isfinite(lower).all() and np.isfinite(upper).all()):
         return None
-    return lower, upper
+    return SumBounds(lower, upper, scored)
+
+
+def _least_distinct(values: np.ndarray, skip: np.ndarray, count: int) -> np.ndarray:
+    """Up to ``count`` rows of least value, not in ``skip``, one per run of (nearly) equal values: equal rows
+    (clones: the bench's fleet, or attackers all sending one crafted update, as ALIE's do) share one score."""
+    picked: list[int] = []
+    last = None
+    skipped = set(skip.tolist())
+    for row in np.argsort(values, kind="stable").tolist():
+        if row in skipped or (last is not None and abs(values[row] - last) <= 1e-12 * abs(last)):
+            continue
+        picked.append(row)
+        last = values[row]
+        if len(picked) == count:
+            break
+    return np.array(picked, dtype=np.int64)
+
+
+def _scores_of_columns(distances: np.ndarray, rows: np.ndarray, k: int) -> dict[int, float]:
+    """Row rows[c] -> the sum of the k smallest of column c (its distances to every row, itself left out):
+    its float64 score, computed as ``krum_select.exact_scores`` computes one."""
+    own = distances[rows, np.arange(len(rows))].copy()
+    distances[rows, np.arange(len(rows))] = np.inf
+    scores = k_smallest_sums(distances.T, k)
+    distances[rows, np.arange(len(rows))] = own
+    return dict(zip(rows.tolist(), scores.tolist(), strict=True))

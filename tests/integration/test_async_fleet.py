@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 
 FEDERATION = "fedbuff"
 VERSIONS = 6
+REPLAY_VERSIONS = 12
+"""The replay test's run: long enough that no machine runs past it while the test pauses the agents."""
 DP = {"dp": True, "dp_noise_multiplier": 1.0}
 AGENTS = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2, DP),
           AgentSpec("phone-slow", "phone", 3, {"straggler_delay": "constant:4"})]
@@ -85,27 +87,29 @@ def test_a_replayed_update_counts_once(tmp_path: Path, mosquitto: MosquittoBroke
     once version 4 is open: every copy is a duplicate, none weighs in a second buffer.
 
     However fast this machine is, the copies are judged during training versions and for what they are:
-    max_staleness spans the whole run (never ``too_stale``), and the agents are paused (SIGSTOP) until every
-    copy is counted, so the run cannot reach its evaluation round first (what was in flight when they stopped
-    closes a buffer or two, not the three versions left)."""
+    max_staleness spans the whole run (never ``too_stale``), and the agents are paused (SIGSTOP) as soon as
+    version 4 is announced, before anything else, until every copy is counted. So the run cannot reach its
+    evaluation round first: what was in flight when they stopped closes a buffer or two, not the eight versions
+    left. (With 6 versions, and the pause after connecting the replayer, a clean-clone CI run once got past
+    version 6 first: no copy was counted as a duplicate in 60 s.)"""
     agents = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
     fleet = small_fleet(tmp_path / "run", mosquitto.url, "replayed", agents, {
-        "mode": "async", "buffer_size": 2, "max_staleness": VERSIONS, "rounds": VERSIONS, "min_fit_agents": 1,
-        "round_deadline_s": 60.0,
+        "mode": "async", "buffer_size": 2, "max_staleness": REPLAY_VERSIONS, "rounds": REPLAY_VERSIONS,
+        "min_fit_agents": 1, "round_deadline_s": 60.0,
     })
     view = WireView(recorder, "replayed")
     with fleet:
         view.wait_announced(4, 120)
-        originals = recorder.snapshot(lambda m: "/updates/" in m.topic and view.topics.parse(m.topic).round == 2)
-        assert originals, "no update of version 2 on the wire"
-        replayer = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="replayer")
-        host, port = mosquitto.url.removeprefix("mqtt://").split(":")
-        replayer.connect(host, int(port))
-        replayer.loop_start()
         paused = [process for process in fleet.processes() if process is not fleet.coordinator]
         for process in paused:
             os.kill(process.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        replayer = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="replayer")
         try:
+            originals = recorder.snapshot(lambda m: "/updates/" in m.topic and view.topics.parse(m.topic).round == 2)
+            assert originals, "no update of version 2 on the wire"
+            host, port = mosquitto.url.removeprefix("mqtt://").split(":")
+            replayer.connect(host, int(port))
+            replayer.loop_start()
             for message in originals:
                 replayer.publish(message.topic, message.payload, qos=1).wait_for_publish(10)
             wait_until(lambda: metric(scrape(fleet.http_port), "fl_messages_rejected_total", kind="update",
@@ -115,9 +119,9 @@ def test_a_replayed_update_counts_once(tmp_path: Path, mosquitto: MosquittoBroke
                 os.kill(process.pid, signal.SIGCONT)  # type: ignore[arg-type]
             replayer.disconnect()
             replayer.loop_stop()
-        rounds = wait_for_rounds(fleet, VERSIONS + 1, 240)
+        rounds = wait_for_rounds(fleet, REPLAY_VERSIONS + 1, 240)
         samples = scrape(fleet.http_port)
-    assert_all_completed(rounds, VERSIONS + 1)
+    assert_all_completed(rounds, REPLAY_VERSIONS + 1)
     duplicates = metric(samples, "fl_messages_rejected_total", kind="update", reason="duplicate")
     assert duplicates == len(originals), (duplicates, len(originals))
     # Every update message on the wire, replays included, was either accepted once or rejected with a reason.
