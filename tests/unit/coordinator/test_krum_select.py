@@ -38,6 +38,20 @@ def near_tie(seed: int, n: int, d: int, gap: float, dtype: type = np.float32) ->
     return rows, best, twin
 
 
+def read_path(rows: np.ndarray, kind: str, clip: float | None, tmp_path: Path) -> tuple[np.ndarray, list]:
+    """The rows as Krum should see them (float64, clipped to ``clip``), and as updates for ``kind``'s read
+    path: one dict each, or rows of a RowMatrix spilled to disk for "spilled"."""
+    effective = rows.astype(np.float64)
+    if clip is not None:
+        effective = effective * np.minimum(1.0, clip / np.linalg.norm(effective, axis=1))[:, None]
+    updates: list = [{"v": r} for r in rows]
+    if kind == "spilled":
+        matrix = RowMatrix(updates[0], len(rows), budget_bytes=0, spill_dir=tmp_path)
+        updates = [matrix.append(u) for u in updates]
+        assert matrix.spilled
+    return effective, updates
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("gap", [1e-3, 1e-5])
 def test_the_chosen_row_is_the_float64_choice_at_near_ties(seed: int, gap: float) -> None:
@@ -69,15 +83,7 @@ def test_every_read_path_chooses_as_float64_does(tmp_path: Path, kind: str) -> N
     if kind == "huge":  # squares past float32's range: every score in float64
         rows[-1] = 1e30
     clip = 30.0 if kind == "clipped" else None
-    effective = rows.astype(np.float64)
-    if clip is not None:
-        norms = np.linalg.norm(effective, axis=1)
-        effective = effective * np.minimum(1.0, clip / norms)[:, None]
-    updates: list = [{"v": r} for r in rows]
-    if kind == "spilled":
-        matrix = RowMatrix(updates[0], n, budget_bytes=0, spill_dir=tmp_path)
-        updates = [matrix.append(u) for u in updates]
-        assert matrix.spilled
+    effective, updates = read_path(rows, kind, clip, tmp_path)
     expected = reference_scores(effective, f)
     stack = UpdateStack(updates, [1.0] * n, clip_norm=clip)
     assert stack.exact_in_float32 == (kind in ("spilled", "duplicates", "huge"))

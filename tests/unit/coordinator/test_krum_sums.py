@@ -10,9 +10,8 @@ import pytest
 from coordinator.aggregation import krum, multi_krum
 from coordinator.aggregation import krum_select as ks
 from coordinator.aggregation import krum_sums as sums
-from coordinator.aggregation.rows import RowMatrix
 from coordinator.aggregation.stack import UpdateStack
-from tests.unit.coordinator.test_krum_select import near_tie, reference_scores
+from tests.unit.coordinator.test_krum_select import near_tie, read_path, reference_scores
 
 
 @pytest.fixture
@@ -87,14 +86,7 @@ def test_every_read_path_settles_as_float64_does(no_gram: None, tmp_path: Path, 
     n, d, f = 120, 1500, 3
     rows = fleet(7, n, d, attackers=f, scale=50.0).astype(np.float64 if kind == "float64" else np.float32)
     clip = 40.0 if kind == "clipped" else None
-    effective = rows.astype(np.float64)
-    if clip is not None:
-        effective = effective * np.minimum(1.0, clip / np.linalg.norm(effective, axis=1))[:, None]
-    updates: list = [{"v": r} for r in rows]
-    if kind == "spilled":
-        matrix = RowMatrix(updates[0], n, budget_bytes=0, spill_dir=tmp_path)
-        updates = [matrix.append(u) for u in updates]
-        assert matrix.spilled
+    effective, updates = read_path(rows, kind, clip, tmp_path)
     expected = reference_scores(effective, f)
     picked = np.sort(np.argsort(expected, kind="stable")[:n - f])
     stack = UpdateStack(updates, [1.0] * n, clip_norm=clip)
