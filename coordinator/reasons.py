@@ -40,6 +40,8 @@ class RejectReason(str, Enum):
     BAD_PARTIAL = "bad_partial"
     """A site's partial aggregate the root cannot use: an agent counted over its hard cap, sums that do not
     match the family's layout, or a round that does not fold a mean (a robust rule)."""
+    STALE_ROSTER = "stale_roster"
+    """A site's roster no newer than one the root took from it (a replay, or a site clock set back)."""
     SECURE_ONLY = "secure_only"
     """A plain training update in a securely aggregated round: only masked inputs count there."""
     SECAGG_REFUSED = "secagg_refused"

@@ -2,8 +2,8 @@
 demo's sites (``fl-demo --sites N``) with their share of the progress line and the summary.
 
 The bridge's topics are those of ``deploy/mosquitto/site-bridge.conf`` (a test keeps the two alike):
-announcements, tasks, global states and notices go down; agents' statuses and the site's partial
-aggregates go up; agents' updates are not bridged and stay at the site.
+announcements, tasks, global states, notices and the root's resync requests go down; the site's roster of
+its agents and its partial aggregates go up; agents' statuses and updates are not bridged and stay at the site.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from launcher.progress import human_bytes
 from protocol.topics import Topics
 from protocol.transport.mqtt import BrokerAddress
 
-DOWN = ("coordinator/status", "rounds/current", "task", "global/#", "notices/#")
+DOWN = ("coordinator/status", "rounds/current", "task", "global/#", "notices/#", "sites/+/resync")
 """Topics (under fl/FEDERATION/) the root publishes and the site follows."""
-UP = ("agents/+/status", "sites/+/partials/#")
+UP = ("sites/+/roster", "sites/+/partials/#")
 """Topics (under fl/FEDERATION/) the site publishes for the root."""
 
 

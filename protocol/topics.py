@@ -18,7 +18,7 @@ _ROUND = re.compile(r"^(0|[1-9][0-9]{0,7})$")
 _CHUNK_INDEX = re.compile(r"^(0|[1-9][0-9]{0,4})$")
 
 TopicKind = Literal["coordinator_status", "round", "global_state", "agent_status", "update", "task", "notice",
-                    "partial", "secagg", "secagg_relay", "secagg_inbox"]
+                    "partial", "site_roster", "site_resync", "secagg", "secagg_relay", "secagg_inbox"]
 SECAGG_STAGES = ("advertise", "shares", "masked", "reveal")
 """An agent's secure-aggregation stages (``protocol.secagg.wire``), the last level of its ``secagg`` topics."""
 SECAGG_RELAYS = ("keys", "unmask")
@@ -34,7 +34,7 @@ def check_identifier(value: str, what: str) -> str:
 class ParsedTopic:
     kind: TopicKind
     agent_id: str | None = None
-    """The sender an agent's topics name; on a partial's topic, its site's id (sites enroll like agents)."""
+    """The sender an agent's topics name; on a partial's or roster's topic, its site's id (sites enroll like agents)."""
     family: str | None = None
     round: int | None = None
     chunk: int | None = None
@@ -104,6 +104,18 @@ class Topics:
     def all_partials(self) -> str:
         return f"{self.root}/sites/+/partials/+"
 
+    def site_roster(self, site_id: str) -> str:
+        """A site aggregator's roster of its agents (``SiteRoster``), up the site's bridge in place of their statuses."""
+        return f"{self.root}/sites/{site_id}/roster"
+
+    @property
+    def all_site_rosters(self) -> str:
+        return f"{self.root}/sites/+/roster"
+
+    def site_resync(self, site_id: str) -> str:
+        """The root's request that a site resend some of its agents' statuses (``SiteResync``), down the bridge."""
+        return f"{self.root}/sites/{site_id}/resync"
+
     def secagg(self, agent_id: str, round_number: int, stage: str) -> str:
         """An agent's message of one secure-aggregation stage (agent -> coordinator)."""
         return f"{self.root}/secagg/{agent_id}/{round_number}/{stage}"
@@ -151,6 +163,8 @@ class Topics:
         if (len(rest) == 4 and rest[0] == "sites" and rest[2] == "partials" and _IDENTIFIER.fullmatch(rest[1])
                 and _ROUND.fullmatch(rest[3])):
             return ParsedTopic("partial", agent_id=rest[1], round=int(rest[3]))
+        if len(rest) == 3 and rest[0] == "sites" and rest[2] in ("roster", "resync") and _IDENTIFIER.fullmatch(rest[1]):
+            return ParsedTopic("site_roster" if rest[2] == "roster" else "site_resync", agent_id=rest[1])
         if (len(rest) == 4 and rest[0] == "secagg" and _IDENTIFIER.fullmatch(rest[1]) and _ROUND.fullmatch(rest[2])
                 and rest[3] in SECAGG_STAGES):
             return ParsedTopic("secagg", agent_id=rest[1], round=int(rest[2]), stage=rest[3])

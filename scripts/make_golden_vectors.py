@@ -51,6 +51,7 @@ from protocol.messages import (
 )
 from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.security.signing import DOMAIN, SigningKey
+from protocol.site_rosters import SiteResync, SiteRoster
 from protocol.task_card import FamilyLayout, TaskCard
 from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
@@ -255,6 +256,7 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
 
     _task_and_notice(v, key, layout, delta)
     _partial(v, state.digest, delta)
+    _site_roster(v, hello, key)
     secure_vectors(v, TOPICS, RUN_ID, AGENT, FAMILY)
     _freshness(v, status, state, announcement, hello, key)
     _rejects(v, status, state, round_bytes, key)
@@ -317,6 +319,26 @@ def _partial(v: Vectors, base_digest: str, delta: dict[str, np.ndarray]) -> None
     v.message("partial_signed", site_key.seal(partial_bytes), TOPICS.partial(SITE, 3), False,
               "partial.msgpack in a Signed envelope made with the test site key (enrolled at the root like an agent).",
               public_key=site_key.public_key.to_text(), inner_file="partial.msgpack")
+
+
+def _site_roster(v: Vectors, hello: AgentStatus, key: SigningKey) -> None:
+    """A site's roster (one changed status, who it heard, one agent gone) signed by the site; the root's resync
+    request signed by the coordinator."""
+    roster = SiteRoster(site_id=SITE, started_at=1767225600.0, seq=7, statuses=[hello], present=[AGENT, "agent-2"],
+                        gone=["agent-9"])
+    roster_bytes = v.message("site_roster", roster, TOPICS.site_roster(SITE), False,
+                             "A site's roster: the one status that changed since its last roster (as the agent sent "
+                             "it), the agents it heard from since its last present list, and one it forgot.")
+    site_key = SigningKey(Ed25519PrivateKey.from_private_bytes(SITE_SEED))
+    v.message("site_roster_signed", site_key.seal(roster_bytes), TOPICS.site_roster(SITE), False,
+              "site_roster.msgpack in a Signed envelope made with the test site key.",
+              public_key=site_key.public_key.to_text(), inner_file="site_roster.msgpack")
+    resync = SiteResync(site_id=SITE, issued_at=1767225660.0, agents=["agent-2"])
+    resync_bytes = v.message("site_resync", resync, TOPICS.site_resync(SITE), False,
+                             "The root asks the site to resend agent-2's status (it does not know it).")
+    v.message("site_resync_signed", key.seal(resync_bytes), TOPICS.site_resync(SITE), False,
+              "site_resync.msgpack in a Signed envelope made with the test coordinator key.",
+              public_key=key.public_key.to_text(), inner_file="site_resync.msgpack")
 
 
 def _freshness(v: Vectors, status: CoordinatorStatus, state: GlobalState, announcement: RoundAnnouncement,

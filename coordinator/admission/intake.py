@@ -29,6 +29,7 @@ from protocol.limits import DecodeLimits
 from protocol.messages import AgentStatus, Chunk, Signed, Update
 from protocol.partials import PartialAggregate
 from protocol.security.trust import Received, Trust, accept, decode_trusted
+from protocol.site_rosters import MAX_ROSTER_STATUSES, MAX_SITE_AGENTS, SiteRoster
 from protocol.topics import ParsedTopic, Topics
 from protocol.transport.chunking import Reassembler
 from protocol.wire import decode_message
@@ -56,6 +57,24 @@ class StatusIn:
     """The enrolled agent whose key signed it; None when enrollment is open."""
 
 
+def roster_limits(num_classes: int) -> DecodeLimits:
+    """A roster: up to ``MAX_ROSTER_STATUSES`` statuses (each with its label counts) and ``MAX_SITE_AGENTS`` ids."""
+    per_status = status_limits(num_classes)
+    return DecodeLimits(max_payload_bytes=4 * 1024 * 1024 + MAX_ROSTER_STATUSES * per_status.max_payload_bytes // 16,
+                        max_array_elements=per_status.max_array_elements,
+                        max_total_elements=MAX_ROSTER_STATUSES * per_status.max_array_elements,
+                        max_container_len=MAX_SITE_AGENTS)
+
+
+@dataclass(frozen=True)
+class RosterIn:
+    """A site aggregator's roster, signed by the key enrolled for the site its topic names."""
+
+    roster: SiteRoster
+    size: int
+    """Bytes on the wire."""
+
+
 @dataclass(frozen=True)
 class StatusCleared:
     agent_id: str
@@ -78,7 +97,7 @@ class Refused:
     reject: Reject
 
 
-Inbound = StatusIn | StatusCleared | UpdateIn | PartialIn | Refused
+Inbound = StatusIn | StatusCleared | UpdateIn | PartialIn | RosterIn | Refused
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,7 @@ class Intake:
         self.rejects = rejects
         self.update_limits = DecodeLimits(max_payload_bytes=max_update_bytes)
         self.status_limits = status_limits(num_classes)
+        self.roster_limits = roster_limits(num_classes)
         self.reassembler = Reassembler(max_bytes=4 * max_update_bytes, max_bytes_per_source=max_update_bytes)
         self._handed: Opened | None = None
 
@@ -144,7 +164,21 @@ class Intake:
             return self._update(parsed, payload, states, opened or self.open(payload))
         if parsed.kind == "partial":
             return self._partial(parsed, payload)
+        if parsed.kind == "site_roster":
+            return self._roster(parsed.agent_id, payload)
         return None
+
+    def _roster(self, site_id: str, payload: bytes) -> Inbound:
+        try:
+            received = decode_trusted(payload, SiteRoster, self.roster_limits, self.trust)
+        except ProtocolError as exc:
+            return Refused("site_roster", site_id, Reject(exc.reason, exc.detail))
+        roster = received.message
+        if roster.site_id != site_id or (received.signer is not None and received.signer != site_id):
+            return Refused("site_roster", site_id, Reject(
+                RejectReason.SIGNER_MISMATCH, f"roster of {roster.site_id} on {site_id}'s topic, signed by "
+                                              f"{received.signer or 'nobody'}"))
+        return RosterIn(roster, received.size)
 
     def _partial(self, parsed: ParsedTopic, payload: bytes) -> Inbound:
         """A site aggregator's partial aggregate: signed by the key enrolled for the site its topic names."""

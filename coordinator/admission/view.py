@@ -33,6 +33,9 @@ class EnrolledCaps(Protocol):
     def max_samples_of(self, agent_id: str) -> int | None:
         """The most samples the enrollment lets this agent claim; None: no cap of its own."""
 
+    def get(self, agent_id: str) -> object | None:
+        """The agent's enrollment; None when it is not enrolled."""
+
 
 class LabelWeights(Protocol):
     def weight_factor(self, agent_id: str, temperature: float) -> float: ...

@@ -74,6 +74,7 @@ class CoordinatorService:
             self.settings.mqtt_client_id, self.settings.broker_address(),
             on_message=lambda topic, payload, retained: self._received(topic, payload),
             subscriptions=[(topics.all_agent_status, 1), (topics.all_updates, 1), (topics.all_partials, 1),
+                           (topics.all_site_rosters, 1),
                            *([(topics.all_secagg, 1)] if self.settings.secure_aggregation else [])],
             will=Will(topics.coordinator_status, self.engine.offline_status()),
             persistent_session=True,

@@ -152,6 +152,20 @@ class AgentRegistry:
             record.status = record.status.model_copy(update={"state": "budget_exhausted", "privacy": privacy})
             self._index.changed(agent_id)
 
+    def touch(self, agent_ids: list[str], now: float) -> list[str]:
+        """Agents a site still hears (its roster's ``present``): heard now, their statuses unchanged. Returns the
+        ids this registry does not know (their statuses were never taken here, or were forgotten)."""
+        agents, index, unknown = self._agents, self._index, []
+        for agent_id in agent_ids:
+            record = agents.get(agent_id)
+            if record is None:
+                unknown.append(agent_id)
+                continue
+            record.last_seen = now
+            agents.move_to_end(agent_id)
+            index.heard(agent_id)
+        return unknown
+
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""
         if self._agents.pop(agent_id, None) is not None:

@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from coordinator.admission.intake import Refused, StatusCleared, StatusIn, UpdateIn
+from coordinator.admission.intake import Refused, RosterIn, StatusCleared, StatusIn, UpdateIn
 from coordinator.admission.partials import PartialIn
 from coordinator.admission.statuses import admit_status
 from coordinator.admission.updates import admit_update
-from coordinator.round import applying, broadcast, closing, opening, resume, sites
+from coordinator.round import applying, broadcast, closing, opening, resume, rosters, sites
 from coordinator.round.actions import Action
 from coordinator.round.closure import Closure
 from coordinator.round.parts import EngineParts
@@ -126,6 +126,8 @@ class RoundEngine:
             self._admit(inbound)
         elif isinstance(inbound, PartialIn):  # a site aggregator's fold of its agents' updates
             sites.apply_partial(parts, run, inbound)
+        elif isinstance(inbound, RosterIn):  # a site aggregator's agents, in place of their statuses
+            rosters.apply_roster(parts, run, inbound)
         return parts.actions.drain()
 
     def on_connection(self, connected: bool, session_present: bool = True) -> list[Action]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from coordinator.admission.intake import Intake
+from coordinator.admission.rosters import RosterOrder
 from coordinator.admission.task_agreement import TaskAgreement
 from coordinator.fleet.agents import AgentRegistry
 from coordinator.fleet.enrollment import Enrollment
@@ -84,6 +85,8 @@ class EngineParts:
     notices: NoticeLimiter
     """Which refusals earn their agent a notice, and how often."""
     duplicates: DuplicateWatch
+    rosters: RosterOrder = field(default_factory=RosterOrder)
+    """Per site, the newest roster taken and the last resync request (``coordinator/round/rosters.py``)."""
     secure: SecureStages | None = None
     """Secure aggregation's stages (``coordinator/round/secure.py``, set by the engine), with ``secure_aggregation`` on."""
 

@@ -35,6 +35,7 @@ from coordinator.policies.synchronous import SynchronousPolicy
 from coordinator.reasons import RejectReason
 from coordinator.sites.folding import SiteRound
 from coordinator.sites.held import HeldUpdates
+from coordinator.sites.roster import RosterBook
 from coordinator.sites.settings import SiteSettings
 from coordinator.state.applied import AppliedVersions
 from coordinator.state.rounds import OpenRound
@@ -48,12 +49,14 @@ from protocol.limits import DecodeLimits
 from protocol.messages import RoundAnnouncement, Update
 from protocol.security.signing import PublicKey, SigningKey, single_key
 from protocol.security.trust import OPEN, Trust, decode_trusted
+from protocol.site_rosters import SiteResync
 from protocol.topics import Topics
 from protocol.wire import encode_message
 
 log = logging.getLogger(__name__)
 
 ANNOUNCEMENT_LIMITS = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
+RESYNC_LIMITS = DecodeLimits(max_payload_bytes=4 * 1024 * 1024, max_array_elements=1, max_total_elements=1)
 Outgoing = list[tuple[str, bytes]]
 SETTLE_S = 1.0
 """After a (re)connect, the round closes only at its deadline for this long: the broker is replaying the retained
@@ -109,6 +112,8 @@ class SiteEngine:
         """``_mine()`` of the open round, kept as statuses come and go (the round may select many more agents
         than the site has: computed from the selection once per round, not at every message)."""
         self.settle_until = 0.0
+        self.book = RosterBook(settings.site_id, settings.roster_interval_s, wall_clock())
+        """What the root was told of the site's agents (their statuses do not cross the bridge: ``roster.py``)."""
         self.sent: list[int] = []
         """Rounds whose partials this process published (for tests and logs)."""
 
@@ -116,6 +121,9 @@ class SiteEngine:
     def on_message(self, topic: str, payload: bytes) -> Outgoing:
         if topic == self.topics.rounds_current:
             return self._announced(payload)
+        if topic == self.topics.site_resync(self.settings.site_id):
+            self._resync(payload)
+            return []
         inbound = self.intake.receive(topic, payload, {})
         if isinstance(inbound, StatusIn):
             self._status(inbound)
@@ -132,8 +140,16 @@ class SiteEngine:
         self.settle_until = self.clock() + SETTLE_S
 
     def tick(self) -> tuple[float, Outgoing]:
-        """Close the round when its site deadline passed or every agent of the site answered."""
-        r, now = self.round, self.clock()
+        """Send the roster when due; close the round when its site deadline passed or every agent of the site
+        answered."""
+        now = self.clock()
+        out = [(self.topics.site_roster(self.settings.site_id), self._sealed(encode_message(roster)))
+               for roster in self.book.rosters(now)]
+        wait, closed = self._tick_round(now)
+        return min(wait, self.book.due_in(now)), out + closed
+
+    def _tick_round(self, now: float) -> tuple[float, Outgoing]:
+        r = self.round
         if r is None:
             return 0.5, []
         mine = self._mine()
@@ -161,6 +177,7 @@ class SiteEngine:
 
     def _forget(self, agent_id: str) -> None:
         self.registry.forget(agent_id)
+        self.book.forgot(agent_id)
         if self._mine_now is not None:
             self._mine_now.pop(agent_id, None)
 
@@ -203,6 +220,7 @@ class SiteEngine:
             self.rejects.record("agent_status", decision.reason.value, inbound.agent_id, decision.detail)
         elif isinstance(decision, Observe):
             self.registry.observe(decision.status.model_copy(update={"label_counts": None}), self.clock())
+            self.book.heard(decision.status)  # label counts kept: the root weighs and watches by them
             agent_id = decision.status.agent_id
             if self._mine_now is not None and self.round is not None and agent_id in self.round.open.selected_set:
                 self._mine_now[agent_id] = decision.status.family
@@ -252,9 +270,7 @@ class SiteEngine:
         partials = r.partials(self.run_id, self.settings.site_id, self._mine_of(r))
         out = []
         for partial in partials:
-            payload = encode_message(partial)
-            if self.signing_key is not None:
-                payload = encode_message(self.signing_key.seal(payload))
+            payload = self._sealed(encode_message(partial))
             out.append((self.topics.partial(self.settings.site_id, partial.round), payload))
             log.info("site %s: round %d %s partial: %d folded (weight %.6g), %d outcomes, %d bytes up",
                      self.settings.site_id, partial.round, partial.family, partial.count, partial.total_weight,
@@ -262,6 +278,21 @@ class SiteEngine:
         self.sent.append(r.open.number)
         self._release(lambda inbound: not self._waiting(inbound.update))  # a closed round's: late now
         return out
+
+    def _sealed(self, payload: bytes) -> bytes:
+        return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
+
+    def _resync(self, payload: bytes) -> None:
+        """The root asks for statuses it is missing (it restarted, or forgot agents this site still hears)."""
+        try:
+            request = decode_trusted(payload, SiteResync, RESYNC_LIMITS, self.root_trust).message
+        except ProtocolError as exc:
+            self.rejects.record("site_resync", exc.reason.value, "coordinator", exc.detail)
+            return
+        if request.site_id == self.settings.site_id:
+            self.book.resync(request.agents)
+            log.info("site %s: the root asked for %s", self.settings.site_id,
+                     "every agent's status" if request.agents is None else f"{len(request.agents)} agents' statuses")
 
     def _mine_of(self, r: SiteRound) -> dict[str, str]:
         families = {a: self.registry.family_of(a) for a in r.open.selected}

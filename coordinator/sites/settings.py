@@ -18,6 +18,9 @@ class SiteSettings(CoordinatorSettings):
     site_id: str = Field(description="this site's id: enrolled at the root like an agent, with the site's key")
     site_deadline_fraction: float = Field(default=0.8, gt=0.0, lt=1.0, description=(
         "the site closes a round at this fraction of the round's deadline, so its partial reaches the root in time"))
+    roster_interval_s: float = Field(default=10.0, gt=0.0, le=3600.0, allow_inf_nan=False, description=(
+        "how often the site tells the root which of its agents it still hears (its roster's present list; their "
+        "statuses do not cross the bridge): at most a third of agent_timeout_s"))
     coordinator_key: Path | None = Field(default=None, description=(
         "the root coordinator's public key file (ed25519:...): announcements are acted on only if it signed them; "
         "unset: unwrapped unverified (warned)"))
@@ -32,6 +35,9 @@ class SiteSettings(CoordinatorSettings):
         if self.mode != "sync" or self.aggregator != "mean" or self.algorithm not in ("fedavg", "fedprox"):
             raise ValueError("a site aggregator folds synchronous rounds of fedavg or fedprox under the mean "
                              f"(not mode {self.mode}, {self.algorithm}, {self.aggregator})")
+        if 3 * self.roster_interval_s > self.agent_timeout_s:
+            raise ValueError(f"roster_interval_s {self.roster_interval_s:g} must be at most a third of agent_timeout_s "
+                             f"{self.agent_timeout_s:g}: the root counts an agent gone when no roster names it for that long")
         if self.weighting != "samples" or self.compression != "none":
             raise ValueError("a site aggregator weighs by samples, uncompressed (KL weighting needs the federation's "
                              "label distribution; compressed deltas unpack against global states it does not hold)")

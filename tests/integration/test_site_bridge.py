@@ -1,5 +1,6 @@
 """A root coordinator on one Mosquitto, a site broker bridged to it, one site aggregator and two agents at the site:
-agents' updates stay on the site broker, the site's partial aggregates cross the bridge, and rounds complete."""
+agents' updates and statuses stay on the site broker, the site's roster and partial aggregates cross the bridge,
+and rounds complete."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.partials import PartialAggregate
+from protocol.site_rosters import SiteRoster
 from protocol.topics import Topics
 from tests.integration.sites import bridge_settings, enroll_site, site_process
 from tests.integration.wire import WireRecorder, assert_all_completed, decode_wire, wait_for_rounds
@@ -45,6 +47,11 @@ def test_two_rounds_through_a_site_aggregator_behind_a_bridge(tmp_path: Path, mo
     topics = Topics(FEDERATION)
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]
     assert not [m.topic for parsed, m in seen if parsed.kind == "update"], "updates crossed the bridge"
+    assert not [m.topic for parsed, m in seen if parsed.kind == "agent_status"], "statuses crossed the bridge"
+    rosters = [decode_wire(m.payload, SiteRoster) for parsed, m in seen if parsed.kind == "site_roster"]
+    assert rosters and all(r.site_id == "s1" for r in rosters)
+    assert [r.seq for r in rosters] == sorted(r.seq for r in rosters), "rosters out of order"
+    assert {s.agent_id for r in rosters for s in r.statuses} == {"rpi-1", "rpi-2"}  # the root selected by these
     partials = [decode_wire(m.payload, PartialAggregate) for parsed, m in seen if parsed.kind == "partial"]
     assert sorted(p.round for p in partials) == list(range(1, ROUNDS + 2))
     assert all(p.site_id == "s1" and set(p.outcomes) == {"rpi-1", "rpi-2"} for p in partials)

@@ -85,7 +85,7 @@ def url(broker: Broker, user: str, password: str) -> str:
     return f"mqtt://{user}:{password}@127.0.0.1:{broker.port}"
 
 
-def test_the_bridge_carries_the_root_down_and_the_sites_partials_up_and_keeps_updates(
+def test_the_bridge_carries_the_root_down_and_the_sites_roster_and_partials_up_and_keeps_updates_and_statuses(
         root: Broker, site: Broker) -> None:
     at_root = WireRecorder(url(root, "watcher", PASSWORD), "fl/#", client_id="watcher").start()
     coordinator = Client(root, "coordinator", PASSWORD, "coordinator")
@@ -98,26 +98,34 @@ def test_the_bridge_carries_the_root_down_and_the_sites_partials_up_and_keeps_up
         coordinator.publish(f"{F}/rounds/current", b"round", retain=True)
         wait_until(lambda: f"{F}/rounds/current" in agent.received, 30, "the round, down the bridge")
         coordinator.publish(f"{F}/notices/rpi-1")
+        coordinator.publish(f"{F}/sites/site1/resync")  # the root asks the site for statuses: to its aggregator
         coordinator.publish(f"{F}/global/cnn_small/1")
         wait_until(lambda: f"{F}/global/cnn_small/1" in agent.received, 20, "the global state, down")
+        wait_until(lambda: f"{F}/sites/site1/resync" in aggregator.received, 20, "the resync request, down")
         assert f"{F}/notices/rpi-1" in agent.received and f"{F}/rounds/current" in aggregator.received
+        assert f"{F}/sites/site1/resync" not in agent.received  # an agent reads no site's traffic
 
-        # The agent's update stays at the site, where its aggregator reads it; its status goes up.
+        # The agent's update and status stay at the site, where its aggregator reads them.
         agent.publish(f"{F}/updates/rpi-1/1")
         agent.publish(f"{F}/sites/site1/partials/1")  # denied: agents do not speak for the site
+        agent.publish(f"{F}/sites/site1/roster")  # denied too
         agent.publish(f"{F}/agents/rpi-1/status")
-        wait_until(lambda: f"{F}/agents/rpi-1/status" in {m.topic for m in at_root.snapshot()}, 20, "status, up")
-        wait_until(lambda: f"{F}/updates/rpi-1/1" in aggregator.received, 20, "the update, at the site")
+        wait_until(lambda: f"{F}/agents/rpi-1/status" in aggregator.received, 20, "the status, at the site")
+        assert f"{F}/updates/rpi-1/1" in aggregator.received
 
-        # The aggregator's partial goes up; one in another site's name, or an announcement, is refused at the site.
+        # The aggregator's roster and partial go up; either in another site's name, or an announcement, is refused
+        # at the site.
         aggregator.publish(f"{F}/sites/site2/partials/1")
+        aggregator.publish(f"{F}/sites/site2/roster")
         aggregator.publish(f"{F}/rounds/current", b"forged")
+        aggregator.publish(f"{F}/sites/site1/roster", b"roster")
         aggregator.publish(f"{F}/sites/site1/partials/1", b"partial")
         wait_until(lambda: f"{F}/sites/site1/partials/1" in {m.topic for m in at_root.snapshot()}, 20, "partial, up")
 
         seen_at_root = sorted(m.topic for m in at_root.snapshot() if m.topic != f"{F}/rounds/current")
-        assert seen_at_root == sorted([f"{F}/notices/rpi-1", f"{F}/global/cnn_small/1", f"{F}/agents/rpi-1/status",
-                                       f"{F}/sites/site1/partials/1"])
+        assert seen_at_root == sorted([f"{F}/notices/rpi-1", f"{F}/sites/site1/resync", f"{F}/global/cnn_small/1",
+                                       f"{F}/sites/site1/roster", f"{F}/sites/site1/partials/1"])
+        assert [m.payload for m in at_root.snapshot() if m.topic.endswith("/roster")] == [b"roster"]
         assert [m.payload for m in at_root.snapshot() if "/partials/" in m.topic] == [b"partial"]
         assert [m.payload for m in at_root.snapshot() if m.topic == f"{F}/rounds/current"] == [b"round"]
         assert f"{F}/sites/site1/partials/1" not in agent.received  # an agent reads no partial

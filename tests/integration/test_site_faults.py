@@ -3,12 +3,15 @@ with a key the root never enrolled, and the bridge to the root cut and restored.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from launcher.broker import MosquittoBroker, free_port
-from launcher.fleet import AgentSpec, Fleet, FleetSpec
+from launcher.fleet import AgentSpec, Fleet, FleetSpec, ManagedProcess
 from launcher.sites import wait_listening
 from protocol.partials import PartialAggregate
 from protocol.topics import Topics
@@ -53,25 +56,56 @@ def assert_each_agent_once(rounds: list[dict]) -> None:
 def test_a_site_aggregator_killed_mid_round_and_restarted_counts_its_agents_once(
         tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
     """Killed with its round open, before its agents answer; their updates wait in its persistent session on the
-    site broker, and the restarted aggregator folds them into one partial: every agent counted, once."""
+    site broker, and the restarted aggregator folds them into one partial: every agent counted, once.
+
+    The order is forced, not timed: the root learns of the agents only from the site's roster, so while the
+    aggregator is paused no round can open; the agents are paused once their statuses are at the site, the
+    aggregator resumes (its roster goes up, the root opens round 1), and it is killed once the announcement is
+    at the site, before the agents resume and answer."""
     site_broker = MosquittoBroker(workdir=tmp_path / "site-broker", persistence=True,
                                   settings=bridge_settings(mosquitto, FEDERATION)).start()
     fleet = make_fleet(tmp_path, site_broker, mosquitto, rounds=2)
     bundle = tmp_path / "run" / "sites"
     site = site_process(fleet, site_broker, "s1", bundle)
-    at_site = WireRecorder(site_broker.url, f"fl/{FEDERATION}/updates/#", client_id="site-updates").start()
+    at_site = WireRecorder(site_broker.url, f"fl/{FEDERATION}/#", client_id="site-wire").start()
+    topics = Topics(FEDERATION)
+
+    def at_site_of(kind: str, round_number: int | None = None) -> set[str]:
+        """Senders of the non-empty messages of ``kind`` (of ``round_number``) seen on the site broker."""
+        parsed = [(topics.parse(m.topic), m) for m in at_site.snapshot() if m.payload]
+        return {p.agent_id or "" for p, m in parsed
+                if p.kind == kind and (round_number is None or p.round == round_number)}
+
+    paused: list[ManagedProcess] = []
     try:
         fleet.start_coordinator()
         enroll_site(fleet, "s1", bundle)
         site.start()
         wait_listening(site, site_broker.url, FEDERATION)
-        site.kill()  # SIGKILL: no clean disconnect; its session (and subscriptions) stay on the site broker
+        paused.append(site)
+        os.kill(site.pid, signal.SIGSTOP)  # type: ignore[arg-type]
         fleet.start_agents()
-        wait_until(lambda: {m.topic.split("/")[-2] for m in at_site.snapshot() if m.topic.endswith("/1")}
-                   >= {"rpi-1", "rpi-2"}, 120, "both agents' round 1 updates at the site broker")
+        wait_until(lambda: at_site_of("agent_status") >= {"rpi-1", "rpi-2"}, 120, "both agents' statuses at the site")
+        agents = [p for p in fleet.processes() if p is not fleet.coordinator]
+        for process in agents:
+            os.kill(process.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+            paused.append(process)
+        os.kill(site.pid, signal.SIGCONT)  # type: ignore[arg-type]
+        paused.remove(site)
+        wait_until(lambda: any(topics.parse(m.topic).kind == "round" and m.payload for m in at_site.snapshot()),
+                   120, "round 1 announced at the site")
+        site.kill()  # SIGKILL: no clean disconnect; its session (and subscriptions) stay on the site broker
+        for process in agents:
+            os.kill(process.pid, signal.SIGCONT)  # type: ignore[arg-type]
+            paused.remove(process)
+        wait_until(lambda: at_site_of("update", 1) >= {"rpi-1", "rpi-2"}, 120,
+                   "both agents' round 1 updates at the site broker")
         site.start()
         rounds = wait_for_rounds(fleet, 2, 180)
     finally:
+        for process in paused:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(process.pid, signal.SIGCONT)  # type: ignore[arg-type]
         at_site.stop()
         fleet.stop()
         site.terminate()

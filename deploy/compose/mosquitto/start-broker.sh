@@ -15,7 +15,7 @@ umask 077
 for client in $LAB_CLIENTS; do
     mosquitto_passwd -b "$passwd" "$client" "$LAB_BROKER_PASSWORD"
 done
-# A site's bridge: what the root publishes goes down, the site's agents' statuses and its own
+# A site's bridge: what the root publishes goes down, the site's roster of its agents and its own
 # partials come up (docs/deploying-sites.md#acls).
 cp "${MOSQUITTO_ACL_BASE:-/mosquitto/config/acl}" "$acl"
 for site in ${LAB_SITES:-}; do
@@ -28,7 +28,8 @@ topic read fl/$federation/rounds/current
 topic read fl/$federation/task
 topic read fl/$federation/global/#
 topic read fl/$federation/notices/#
-topic write fl/$federation/agents/+/status
+topic read fl/$federation/sites/$site/resync
+topic write fl/$federation/sites/$site/roster
 topic write fl/$federation/sites/$site/partials/#
 ACL
 done

@@ -13,18 +13,20 @@
 # A broker shared by several federations needs one copy of these lines per federation
 # (each with its coordinator's user line); the Helm chart fills in its own federation.
 
-# The coordinator: reads agents' status and updates and site aggregators' partials (sites,
-# docs/deploying-sites.md); writes its status (and last will),
-# the run's task card, round announcements, global states and refusal notices.
+# The coordinator: reads agents' status and updates and site aggregators' partials and rosters
+# (sites, docs/deploying-sites.md); writes its status (and last will), the run's task card,
+# round announcements, global states, refusal notices and its resync requests to sites.
 user {{ .Values.broker.username }}
 topic read fl/{{ .Values.federation }}/agents/+/status
 topic read fl/{{ .Values.federation }}/updates/#
 topic read fl/{{ .Values.federation }}/sites/+/partials/#
+topic read fl/{{ .Values.federation }}/sites/+/roster
 topic write fl/{{ .Values.federation }}/coordinator/status
 topic write fl/{{ .Values.federation }}/rounds/current
 topic write fl/{{ .Values.federation }}/task
 topic write fl/{{ .Values.federation }}/notices/#
 topic write fl/{{ .Values.federation }}/global/#
+topic write fl/{{ .Values.federation }}/sites/+/resync
 
 # Everyone, agents included: its own status (and last will) and its own updates; reading
 # what the coordinator publishes, and the notices addressed to itself. Nothing else: no agent
@@ -38,13 +40,14 @@ pattern read fl/{{ .Values.federation }}/notices/%c
 pattern read fl/{{ .Values.federation }}/global/#
 
 # Sites (docs/deploying-sites.md#acls): each site broker's bridge logs in as its own user and
-# carries the site's agents' statuses and the site's partials up, and what the coordinator
-# publishes (all notices included) down. One block per site, e.g. for site farm-1:
+# carries the site's roster of its agents and its partials up, and what the coordinator
+# publishes (all notices included, and its resync requests to the site) down. One block per site, e.g. for site farm-1:
 #   user farm-1-bridge
 #   topic read fl/default/coordinator/status
 #   topic read fl/default/rounds/current
 #   topic read fl/default/task
 #   topic read fl/default/global/#
 #   topic read fl/default/notices/#
-#   topic write fl/default/agents/+/status
+#   topic read fl/default/sites/farm-1/resync
+#   topic write fl/default/sites/farm-1/roster
 #   topic write fl/default/sites/farm-1/partials/#

@@ -81,8 +81,9 @@ topic fl/{{ $f }}/rounds/current in 1
 topic fl/{{ $f }}/task in 1
 topic fl/{{ $f }}/global/# in 1
 topic fl/{{ $f }}/notices/# in 1
-# Up: agents' statuses (the root selects agents by them) and the site's partial aggregates.
-# Agents' updates (fl/{{ $f }}/updates/...) are not bridged: they stay at the site.
-topic fl/{{ $f }}/agents/+/status out 1
+topic fl/{{ $f }}/sites/+/resync in 1
+# Up: the site's roster of its agents (the root selects agents by it) and its partial aggregates.
+# Agents' statuses and updates (fl/{{ $f }}/agents/..., fl/{{ $f }}/updates/...) are not bridged: they stay at the site.
+topic fl/{{ $f }}/sites/+/roster out 1
 topic fl/{{ $f }}/sites/+/partials/# out 1
 {{- end -}}

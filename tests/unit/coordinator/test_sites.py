@@ -36,6 +36,12 @@ def site_engine(tmp_path: Path, site_id: str, clock: Clock, signing_key: Signing
                       coordinator_key=None, clock=clock, wall_clock=clock)
 
 
+def tick_site(site: SiteEngine) -> tuple[float, list[tuple[str, bytes]]]:
+    """The site's tick, without its rosters (the root already knows the agents: ``setup`` handed it the first)."""
+    wait, out = site.tick()
+    return wait, [(topic, payload) for topic, payload in out if not topic.endswith("/roster")]
+
+
 def answer(announcement: RoundAnnouncement, agent_id: str, run_id: str, payload: dict[str, np.ndarray]) -> Update:
     ref = announcement.states.get("f")
     if announcement.task == "evaluate":
@@ -70,7 +76,7 @@ def run_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None, 
                 target = site if site is not None else root
                 target.on_message(TOPICS.update(agent_id, announcement.round), encode_message(message))
             if site is not None:
-                _, out = site.tick()  # every agent of the site answered: it closes at once
+                _, out = tick_site(site)  # every agent of the site answered: it closes at once
                 assert out, f"site {site_id} published nothing"
                 for topic, partial in out:  # up the bridge
                     root.on_message(topic, partial)
@@ -84,10 +90,13 @@ def setup(tmp_path: Path, name: str, with_sites: bool, **overrides: object):  # 
     root, outbox, metrics = make_engine(tmp_path / name, clock, **{**PLAIN_MEAN, **overrides})
     sites = {s: site_engine(tmp_path / name, s, clock) for s in SITES} if with_sites else None
     for site_id, agents in SITES.items():
-        for agent_id in agents:
-            hello(root, agent_id, samples=SAMPLES[agent_id])  # statuses go up the bridge: the root selects
-            if sites:
-                hello(sites[site_id], agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+        for agent_id in agents:  # flat: each status to the root; with sites, to the site, whose roster goes up
+            hello(sites[site_id] if sites else root, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+        if sites:
+            rosters = sites[site_id].tick()[1]
+            assert [t for t, _ in rosters] == [TOPICS.site_roster(site_id)]
+            for topic, payload in rosters:  # up the bridge: the root selects by it
+                root.on_message(topic, payload)
     return root, outbox, metrics, sites
 
 
@@ -129,10 +138,10 @@ def test_a_sites_rejects_and_stragglers_reach_the_root_and_nothing_counts_twice(
     site.on_message(TOPICS.update("c1", 1), encode_message(good))
     site.on_message(TOPICS.update("c2", 1), encode_message(good.model_copy(update={"agent_id": "c2", "run_id": "x"})))
     site.on_message(TOPICS.update("c3", 1), encode_message(answer(announcement, "c3", root.run.run_id, weights(1.0))))
-    _, out = site.tick()
+    _, out = tick_site(site)
     assert out == []  # c4 has not answered and the site's deadline is not there yet
     clock.now += 0.8 * 10.0  # the site's deadline: 0.8 of the round's
-    _, out = site.tick()
+    _, out = tick_site(site)
     (topic, sent), = out
     partial = decode_message(sent, PartialAggregate)
     assert {a: o.outcome for a, o in partial.outcomes.items()} == {
@@ -173,7 +182,7 @@ def test_the_root_takes_partials_only_from_enrolled_site_keys(tmp_path: Path) ->
     for agent_id, key in agent_keys.items():
         message = answer(announcement, agent_id, root.run.run_id, weights(1.0))
         site.on_message(TOPICS.update(agent_id, 1), encode_message(key.seal(encode_message(message))))
-    _, out = site.tick()
+    _, out = tick_site(site)
     (topic, forged), = out
     root.on_message(topic, forged)  # signed by a key the root never enrolled for s3
     assert rejected(metrics, "unknown_signer", kind="partial") == 1 and root.open.updates == {}
@@ -183,7 +192,7 @@ def test_the_root_takes_partials_only_from_enrolled_site_keys(tmp_path: Path) ->
     for agent_id, key in agent_keys.items():
         message = answer(announcement, agent_id, root.run.run_id, weights(1.0))
         site.on_message(TOPICS.update(agent_id, 1), encode_message(key.seal(encode_message(message))))
-    _, out = site.tick()
+    _, out = tick_site(site)
     root.on_message(*out[0])
     assert set(root.open.updates) == {"c1", "c2"}
 
@@ -217,11 +226,11 @@ def test_a_restarted_site_holds_updates_that_come_before_their_announcement_and_
         site.on_message(TOPICS.update(agent_id, 1), encode_message(message))
     site.on_message(TOPICS.rounds_current, payload)
     hello(site, "b1", samples=SAMPLES["b1"])  # type: ignore[arg-type]
-    assert site.tick()[1] == [] and len(site.held) == 1  # b1 judged; b2 waits for its status
+    assert tick_site(site)[1] == [] and len(site.held) == 1  # b1 judged; b2 waits for its status
     hello(site, "b2", samples=SAMPLES["b2"])  # type: ignore[arg-type]
-    assert site.tick()[1] == []  # every known agent answered, but statuses may still be landing
+    assert tick_site(site)[1] == []  # every known agent answered, but statuses may still be landing
     clock.now += 1.0
-    _, out = site.tick()
+    _, out = tick_site(site)
     (topic, sent), = out
     partial = decode_message(sent, PartialAggregate)
     assert {a: o.outcome for a, o in partial.outcomes.items()} == {"b1": "accepted", "b2": "accepted"}
@@ -247,6 +256,6 @@ def test_a_site_judges_what_it_held_when_the_round_closes(tmp_path: Path) -> Non
     site.on_message(TOPICS.update("b2", 1), encode_message(message))
     assert len(site.held) == 1
     clock.now += 0.8 * 10.0
-    (_, sent), = site.tick()[1]
+    (_, sent), = tick_site(site)[1]
     assert set(decode_message(sent, PartialAggregate).outcomes) == {"b1"} and len(site.held) == 0
     assert site.metrics.registry.get_sample_value("fl_updates_total", {"outcome": "rejected"}) == 1

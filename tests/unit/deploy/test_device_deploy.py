@@ -339,7 +339,8 @@ def test_the_lab_broker_writes_a_password_entry_per_client(tmp_path: Path) -> No
     for site in sites:
         block = lab_acl.split(f"\nuser {site}-bridge\n")[1].split("\n\n")[0].splitlines()
         assert f"topic write fl/default/sites/{site}/partials/#" in block and "topic read fl/default/notices/#" in block
-        assert "topic write fl/default/agents/+/status" in block and not any("updates" in line for line in block)
+        assert f"topic write fl/default/sites/{site}/roster" in block and f"topic read fl/default/sites/{site}/resync" in block
+        assert not any("updates" in line or "agents/" in line for line in block), "statuses and updates stay at the site"
     assert "lab-password" not in passwd.read_text() and stat.S_IMODE(passwd.stat().st_mode) == 0o600
     assert (tmp_path / "mosquitto-args").read_text().split() == ["-c", "/mosquitto/config/mosquitto.conf"]
 

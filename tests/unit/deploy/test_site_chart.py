@@ -121,9 +121,10 @@ def test_the_bridge_carries_the_site_bridge_conf_topics_and_not_the_updates(fede
     assert topics == shipped
     direction = {line.split()[1].removeprefix(f"fl/{federation}/"): line.split()[2] for line in topics}
     assert {t for t, d in direction.items() if d == "in"} == {
-        "coordinator/status", "rounds/current", "task", "global/#", "notices/#"}
-    assert {t for t, d in direction.items() if d == "out"} == {"agents/+/status", "sites/+/partials/#"}
-    assert not any("updates" in t or t.startswith("#") for t in direction), "agents' updates stay at the site"
+        "coordinator/status", "rounds/current", "task", "global/#", "notices/#", "sites/+/resync"}
+    assert {t for t, d in direction.items() if d == "out"} == {"sites/+/roster", "sites/+/partials/#"}
+    assert not any(t.startswith(("updates", "agents", "#")) for t in direction), \
+        "agents' updates and statuses stay at the site"
     assert ("cleansession false" in bridge and "address root-broker.fl.svc:1883" in bridge
             and "remote_username site-a-bridge" in bridge and "remote_clientid site-site-a-bridge" in bridge)
     assert not any(line.startswith(("remote_password", "bridge_cafile")) for line in bridge)
@@ -159,7 +160,8 @@ def test_the_acl_is_the_shipped_site_acl(values_file: Path) -> None:
     aggregator = [r for r in rules[1:] if r[0] == "topic"]
     assert rules[0] == ["user", "site-aggregator"] and len(aggregator) == len(rules) - 1 - 7
     assert ["topic", "read", f"fl/{federation}/updates/#"] in aggregator
-    assert [r for r in aggregator if r[1] != "read"] == [["topic", "write", f"fl/{federation}/sites/{site}/partials/#"]]
+    assert [r for r in aggregator if r[1] != "read"] == [["topic", "write", f"fl/{federation}/sites/{site}/roster"],
+                                                         ["topic", "write", f"fl/{federation}/sites/{site}/partials/#"]]
     patterns = [r for r in rules if r[0] == "pattern"]
     assert all(r[2].startswith(f"fl/{federation}/") for r in rules[1:])
     assert not any("sites/" in r[2] for r in patterns), "no agent may publish a site's partial"

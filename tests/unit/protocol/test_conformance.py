@@ -316,6 +316,8 @@ def topic_kind(topic: str) -> str:
         return f"secagg_{rest[-1]}"
     if rest[0] == "secagg_inbox":
         return "secagg_inbox"
+    if rest[0] == "sites" and len(rest) == 3:  # sites/{id}/roster, sites/{id}/resync
+        return f"site_{rest[2]}"
     return {"agents": "agent_status", "updates": "update", "global": "global_state", "notices": "notice",
             "sites": "partial"}[rest[0]]
 

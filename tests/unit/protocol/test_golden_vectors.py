@@ -45,8 +45,8 @@ TOPIC_KIND = {"coordinator_status": "coordinator_status", "agent_status": "agent
               "global_state": "global_state", "update": "update", "task": "task", "notice": "notice",
               "partial": "partial", "secagg_advertise": "secagg", "secagg_shares": "secagg", "secagg_masked": "secagg",
               "secagg_reveal": "secagg", "secagg_keys": "secagg_relay", "secagg_unmask": "secagg_relay",
-              "secagg_inbox": "secagg_inbox"}
-NOT_RETAINED = {"update", "notice", "partial", *(k for k in TOPIC_KIND if k.startswith("secagg"))}
+              "secagg_inbox": "secagg_inbox", "site_roster": "site_roster", "site_resync": "site_resync"}
+NOT_RETAINED = {"update", "notice", "partial", "site_roster", "site_resync", *(k for k in TOPIC_KIND if k.startswith("secagg"))}
 
 
 def sidecar(name: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from protocol.messages import (
 )
 from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.secagg.wire import SecureSetup
+from protocol.site_rosters import SiteResync, SiteRoster
 from protocol.wire import decode_message, encode_message
 
 from .secagg_strategies import SECAGG_STRATEGIES, secure_setups
@@ -31,6 +32,7 @@ from .wire_strategies import (
     assert_same_message,
     chunks,
     coordinator_statuses,
+    finite_floats,
     global_states,
     notices,
     round_announcements,
@@ -54,6 +56,20 @@ def partials(draw: st.DrawFn) -> PartialAggregate:
                             total_weight=float(sum(weights)), count=len(weights), outcomes=outcomes)
 
 
+@st.composite
+def site_rosters(draw: st.DrawFn) -> SiteRoster:
+    """A site's roster: distinct agents' statuses, who it heard (or nothing of liveness), who is gone."""
+    statuses = draw(st.lists(agent_statuses, max_size=3, unique_by=lambda s: s.agent_id))
+    named = [s.agent_id for s in statuses]
+    present = draw(st.none() | st.just(named + ["quiet-1"]))
+    return SiteRoster(site_id="s1", started_at=draw(finite_floats), seq=draw(st.integers(1, 2**63 - 1)),
+                      statuses=statuses, present=present, gone=["gone-1"] if draw(st.booleans()) else [])
+
+
+site_resyncs = st.builds(SiteResync, site_id=st.just("s1"), issued_at=finite_floats,
+                         agents=st.none() | st.lists(st.sampled_from(["a1", "a2", "b-3"]), max_size=3))
+
+
 ROUND_TRIP = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 
 STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
@@ -67,6 +83,8 @@ STRATEGIES: dict[type[Message], st.SearchStrategy[Message]] = {
     TaskAnnouncement: task_announcements(),
     Notice: notices,
     PartialAggregate: partials(),
+    SiteRoster: site_rosters(),
+    SiteResync: site_resyncs,
     **SECAGG_STRATEGIES,
 }
 
