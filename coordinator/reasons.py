@@ -40,6 +40,9 @@ class RejectReason(str, Enum):
     BAD_PARTIAL = "bad_partial"
     """A site's partial aggregate the root cannot use: an agent counted over its hard cap, sums that do not
     match the family's layout, or a round that does not fold a mean (a robust rule)."""
+    SITE_TOO_FEW = "site_too_few"
+    """A site's robust rule had fewer updates of a family than it needs to tolerate ``byzantine_f``: the site counts
+    none of them (it does not average a possible attacker in)."""
     STALE_ROSTER = "stale_roster"
     """A site's roster no newer than one the root took from it (a replay, or a site clock set back)."""
     SECURE_ONLY = "secure_only"

@@ -29,6 +29,7 @@ from coordinator.admission.statuses import admit_status
 from coordinator.admission.task_agreement import TaskAgreement
 from coordinator.admission.updates import admit_update
 from coordinator.admission.view import AdmissionView
+from coordinator.aggregation.aggregator import build_aggregator
 from coordinator.fleet.agents import AgentRegistry
 from coordinator.fleet.enrollment import Enrollment
 from coordinator.policies.synchronous import SynchronousPolicy
@@ -99,6 +100,9 @@ class SiteEngine:
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.task = TaskAgreement(settings.task_card())
         self.payloads, self.policy = SitePayloads(), SynchronousPolicy()
+        aggregator = build_aggregator(settings)
+        self.rule = aggregator if aggregator.needs_individual_updates else None
+        """A robust rule applied inside the site at each close (``folding.py``); None: the mean, folded as updates come."""
         self.labels, self.versions, self.applied = LabelSkew(self.task.card.num_classes or None), VersionLog(0), \
             AppliedVersions()
         self.rejects = RejectLog(metrics)
@@ -205,7 +209,7 @@ class SiteEngine:
                                median_claim=float(statistics.median(claims)) if claims else None)
         self.payloads.announcement = announcement
         self._mine_now = None
-        self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio)
+        self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio, self.rule)
         self.next_round = announcement.round
         log.info("site %s: round %d open, %d of its agents selected, closing in %.1fs", self.settings.site_id,
                  announcement.round, len(self._mine()), deadline - now)
@@ -268,6 +272,9 @@ class SiteEngine:
         assert r is not None
         self.round, self.next_round, self._mine_now = None, r.open.number + 1, None
         partials = r.partials(self.run_id, self.settings.site_id, self._mine_of(r))
+        if r.rule_failure is not None:
+            log.warning("site %s: round %d: %s; none of those updates is counted", self.settings.site_id,
+                        r.open.number, r.rule_failure)
         out = []
         for partial in partials:
             payload = self._sealed(encode_message(partial))

@@ -2,7 +2,13 @@
 
 Deltas fold into a float64 ``RunningMean`` per family (the root's own accumulator, with the same
 ``clip_norm``), after the root's norm gate (clipped against the median norm of the site's deltas of
-the family this round). Bootstrap proposals are grouped by digest, and the one a strict majority of
+the family this round). Under a robust rule (``aggregator`` median, trimmed_mean, krum, ...) the site
+keeps its accepted deltas instead and applies the rule to them at the close; its partial then carries
+the rule's result times the number of agents it counted, and that number as its weight (each counted
+agent weighs 1: robust rules ignore claimed sample counts, which a Byzantine agent could inflate), so
+the root's mean across sites is the agent-weighted mean of the sites' robust results. A site with too
+few updates for its rule (``byzantine_f``) counts none of them (``site_too_few``), rather than averaging
+a possible attacker in. Bootstrap proposals are grouped by digest, and the one a strict majority of
 the site's proposers sent alike goes up, as the root would have agreed on it. At the close every
 agent of the site the round selected has an outcome: accepted, rejected (with its reason) or straggler.
 """
@@ -13,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coordinator.aggregation import AggregationError
+from coordinator.aggregation.aggregator import Aggregator
 from coordinator.aggregation.running_mean import RunningMean, l2_norm
 from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import NormGate, RoundNorms, clipped
@@ -33,14 +41,23 @@ class SiteRound:
     """family -> proposal digest -> (the weights, the agents that sent them)."""
     outcomes: dict[str, AgentOutcome] = field(default_factory=dict)
     bytes_in: int = 0
+    rule: Aggregator | None = None
+    """A robust rule applied at the close to ``kept``; None: deltas fold into ``means`` as they come."""
+    rule_failure: str | None = None
+    """Why the rule could not run at the close (too few updates for ``byzantine_f``), for the log."""
+    kept: dict[str, list[tuple[str, dict[str, np.ndarray]]]] = field(default_factory=dict)
+    """Under ``rule``: family -> (agent, its delta after the norm gate), for the close."""
 
     @classmethod
-    def start(cls, open_round: OpenRound, clip_norm: float | None, max_norm_ratio: float) -> SiteRound:
-        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio)))
+    def start(cls, open_round: OpenRound, clip_norm: float | None, max_norm_ratio: float,
+              rule: Aggregator | None = None) -> SiteRound:
+        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio)), rule=rule)
 
     def accept(self, update: Update, samples: int, weight: float, norm: float | None) -> None:
         """An update admission accepted, counted for ``samples`` at ``weight`` (the policy's factor)."""
         share = float(samples) * weight if update.task == "train" else 0.0
+        if self.rule is not None and share > 0:
+            share = 1.0  # counted agents weigh alike under a robust rule (claims are the agents' word)
         m = update.metrics
         self.outcomes[update.agent_id] = AgentOutcome(
             outcome="accepted", samples=samples, weight=share, eval_accuracy=m.eval_accuracy, eval_loss=m.eval_loss,
@@ -66,7 +83,29 @@ class SiteRound:
         delta = update.delta
         if bound is not None:
             delta, _ = clipped(delta, l2_norm(delta), bound)
+        if self.rule is not None:
+            if share > 0:
+                self.kept.setdefault(update.family, []).append((update.agent_id, delta))
+            return
         self.means.setdefault(update.family, RunningMean(self.clip_norm)).add(delta, share, update.agent_id)
+
+    def _robust(self, family: str, outcomes: dict[str, AgentOutcome]) -> dict:
+        """The rule over the family's kept deltas, as partial fields (sums = count x result); on too few updates,
+        nothing, and the agents it would have counted are rejected (``outcomes`` changed in place)."""
+        assert self.rule is not None
+        kept = sorted(self.kept.get(family, []), key=lambda item: item[0])
+        if not kept:
+            return {}
+        try:
+            result = self.rule([delta for _, delta in kept], [1.0] * len(kept))
+        except AggregationError as exc:
+            for agent_id, _ in kept:
+                outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.SITE_TOO_FEW.value)
+            self.rule_failure = f"{family}: {exc}"
+            return {}
+        n = float(len(kept))
+        return {"sums": {k: n * v.astype("<f8") for k, v in result.items() if v.dtype.kind == "f"},
+                "integers": {k: v for k, v in result.items() if v.dtype.kind != "f"}, "heaviest": kept[0][0]}
 
     def partials(self, run_id: str, site_id: str, families: dict[str, str]) -> list[PartialAggregate]:
         """The close: one partial per family of the site's selected agents (``families``: agent -> family)."""
@@ -84,7 +123,9 @@ class SiteRound:
             if ref is None and announcement.task == "train":
                 fields["proposal"] = self._agreed(family, outcomes)
             mean = self.means.get(family)
-            if ref is not None and mean is not None and mean.count:
+            if ref is not None and self.rule is not None:
+                fields.update(self._robust(family, outcomes))
+            elif ref is not None and mean is not None and mean.count:
                 assert mean.heaviest is not None
                 fields.update(sums=dict(mean.sums), integers=dict(mean.others), heaviest=mean.heaviest[1])
             accepted = [o for o in outcomes.values() if o.outcome == "accepted"]

@@ -31,10 +31,10 @@ class SiteSettings(CoordinatorSettings):
         return check_identifier(value, "site_id")
 
     @model_validator(mode="after")
-    def _site_folds_a_mean(self) -> SiteSettings:
-        if self.mode != "sync" or self.aggregator != "mean" or self.algorithm not in ("fedavg", "fedprox"):
-            raise ValueError("a site aggregator folds synchronous rounds of fedavg or fedprox under the mean "
-                             f"(not mode {self.mode}, {self.algorithm}, {self.aggregator})")
+    def _site_can_fold(self) -> SiteSettings:
+        if self.mode != "sync" or self.algorithm not in ("fedavg", "fedprox") or self.secure_aggregation:
+            raise ValueError("a site aggregator folds synchronous rounds of fedavg or fedprox, in the clear "
+                             f"(not mode {self.mode}, {self.algorithm}, secure_aggregation {self.secure_aggregation})")
         if 3 * self.roster_interval_s > self.agent_timeout_s:
             raise ValueError(f"roster_interval_s {self.roster_interval_s:g} must be at most a third of agent_timeout_s "
                              f"{self.agent_timeout_s:g}: the root counts an agent gone when no roster names it for that long")
