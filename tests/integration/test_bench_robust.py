@@ -13,7 +13,7 @@ from tests.bench_runner import run_bench
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_robust_bench_quick_prints_both_tables() -> None:
+def test_robust_bench_quick_prints_its_three_tables() -> None:
     out = run_bench("robust.py", "--quick", timeout_s=600)
     # (b) speed: every rule and reference timed, memory measured, every goal judged
     assert re.search(r"^operation\s+median ms\s+MB/s\s+ratio", out, re.MULTILINE), out
@@ -36,3 +36,10 @@ def test_robust_bench_quick_prints_both_tables() -> None:
     assert "WARNING: the number of agents running an attack differs" not in out
     accuracy_verdicts = re.findall(r"^(PASS|MISS)\s+(median|krum) with 1/5 sign_flip attackers", out, re.MULTILINE)
     assert sorted(v[1] for v in accuracy_verdicts) == ["krum", "median"], out
+    # (c) sites: the same agents flat, with the rule inside sites and with the mean inside, under each attack
+    assert re.search(r"^attack\s+flat, rule at the root\s+sites, rule inside\s+sites, mean inside$", out, re.MULTILINE)
+    for attack in ("none", "sign_flip", "scaling"):
+        assert re.search(rf"^{attack}(\s+\d+\.\d\*?){{3}}\s*$", out, re.MULTILINE), (attack, out)
+    sites_verdicts = re.findall(r"^(PASS|MISS)\s+median inside 2 sites, one (sign_flip|scaling) attacker", out,
+                                re.MULTILINE)
+    assert sorted(v[1] for v in sites_verdicts) == ["scaling", "sign_flip"], out
