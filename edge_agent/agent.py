@@ -40,6 +40,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from paho.mqtt.client import MQTTMessageInfo
+
 from edge_agent.algorithms.scaffold import revert_control
 from edge_agent.coordinator_notes import CoordinatorNotes
 from edge_agent.freshness import Freshness
@@ -102,6 +104,7 @@ class EdgeAgent:
         coordinator_key: PublicKey | None = None,
         max_denials: int = 3,
         secagg_audit: bool = False,
+        secagg_vanish_after: str | None = None,
     ) -> None:
         self.agent_id = agent_id
         self.profile = profile
@@ -133,8 +136,9 @@ class EdgeAgent:
         self.coordinator: CoordinatorStatus | None = None
         self.notes = CoordinatorNotes(agent_id, worker.task.card.ref, worker.family, worker.layout)
         """The run's task card and the coordinator's refusal notices (``edge_agent.coordinator_notes``)."""
-        self.secure = SecureParticipant(agent_id, worker.family, self.topics, lambda t, p: self._publish_pieces(t, [p]),
-                                        self._sealed, state if secagg_audit else None, settled=self._on_secure_settled)
+        self.secure = SecureParticipant(agent_id, worker.family, self.topics, self._publish_one, self._sealed,
+                                        state if secagg_audit else None, settled=self._on_secure_settled,
+                                        vanish_after=secagg_vanish_after)
         """Secure rounds' stages (``edge_agent.secure``)."""
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -460,6 +464,10 @@ class EdgeAgent:
 
     def _sealed(self, payload: bytes) -> bytes:
         return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
+
+    def _publish_one(self, topic: str, payload: bytes) -> MQTTMessageInfo:
+        assert self._link is not None
+        return self._link.publish(topic, payload, qos=1)
 
     def _publish_pieces(self, topic: str, pieces: list[bytes]) -> None:
         """QoS 1: queued by paho while disconnected and sent (again) after the reconnect."""

@@ -78,7 +78,8 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
                      backoff=Backoff(settings.reconnect_min_s, settings.reconnect_max_s),
                      signing_key=load_or_create_signing_key(settings.signing_key_path),
                      coordinator_key=settings.pinned_coordinator_key(), max_denials=settings.max_broker_denials,
-                     secagg_audit=settings.secagg_audit)
+                     secagg_audit=settings.secagg_audit,
+                     secagg_vanish_after=None if settings.secagg_vanish_after == "none" else settings.secagg_vanish_after)
 
 
 def _private_trainer(settings: AgentSettings, model: nn.Module, family: str,

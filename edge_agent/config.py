@@ -62,6 +62,10 @@ class AgentSettings(BrokerSettings):
         "unset: 4, 10 and 100 respectively"))
     attack_z: float | None = Field(default=None, ge=0.0, allow_inf_nan=False, description=(
         "alie: send mean - z x std of the colluders' benign updates; unset: 1"))
+    secagg_vanish_after: Literal["none", "advertise", "shares", "masked", "reveal"] = Field(
+        default="none", description=(
+            "TESTS ONLY: once the broker acknowledged this agent's message of this secure-aggregation stage, the "
+            "process exits at once, as a device losing power (no clean disconnect: its last will goes out)"))
     secagg_audit: bool = Field(default=False, description=(
         "TESTS/AUDITS ONLY: keep the clipped, weighted vector each secure round masked in the state dir "
         "(secagg-input-<round>); it is never sent"))

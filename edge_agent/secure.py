@@ -22,7 +22,10 @@ Called only from the agent's loop thread (``edge_agent.agent``), like the rest o
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+
+from paho.mqtt.client import MQTTMessageInfo
 
 from edge_agent.state import AgentStateDir
 from protocol.limits import DecodeLimits
@@ -51,19 +54,24 @@ from protocol.wire import encode_message
 
 log = logging.getLogger(__name__)
 
+VANISH_WAIT_S = 30.0
+VANISH_EXIT_CODE = 17
+"""``secagg_vanish_after`` (tests only): how long the message may take to be acknowledged, and the exit status."""
 _RELAY_LIMITS = DecodeLimits(max_payload_bytes=16 * 1024 * 1024, max_array_elements=1, max_total_elements=1)
 
 
 class SecureParticipant:
-    def __init__(self, agent_id: str, family: str, topics: Topics, publish: Callable[[str, bytes], None],
+    def __init__(self, agent_id: str, family: str, topics: Topics, publish: Callable[[str, bytes], MQTTMessageInfo],
                  seal: Callable[[bytes], bytes], audit: AgentStateDir | None = None,
-                 settled: Callable[[str, int, bool], None] | None = None) -> None:
+                 settled: Callable[[str, int, bool], None] | None = None, vanish_after: str | None = None) -> None:
         self.agent_id = agent_id
         self.family = family
         self.topics = topics
         self._publish = publish
         self._seal = seal
         self._audit = audit
+        self._vanish_after = vanish_after
+        """TESTS ONLY (``secagg_vanish_after``): the stage after whose message this process exits."""
         """TESTS/AUDITS ONLY (``secagg_audit``): the vector it masked is kept in its own state dir, never sent."""
         self.round: tuple[str, int] | None = None
         self.setup: SecureSetup | None = None
@@ -191,7 +199,11 @@ class SecureParticipant:
 
     def _send(self, stage: str, message: Message) -> None:
         assert self.round is not None
-        self._publish(self.topics.secagg(self.agent_id, self.round[1], stage), self._seal(encode_message(message)))
+        sent = self._publish(self.topics.secagg(self.agent_id, self.round[1], stage), self._seal(encode_message(message)))
+        if stage == self._vanish_after:
+            sent.wait_for_publish(VANISH_WAIT_S)
+            log.warning("secagg_vanish_after %s: exiting now, as a device losing power", stage)
+            os._exit(VANISH_EXIT_CODE)
 
     def _reset(self) -> None:
         self.round = self.setup = self.session = self.client = None

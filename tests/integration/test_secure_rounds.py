@@ -1,7 +1,9 @@
-"""Secure aggregation over a real Mosquitto: a coordinator and five agent processes, one killed after it
-uploaded its masked input and one after it shared its keys but before it masked. The unmasked global equals
-the plain weighted mean of what the survivors masked (kept in their own state dirs with ``secagg_audit``,
-never sent) within the quantisation step, and the rounds log says whose masks were recovered."""
+"""Secure aggregation over a real Mosquitto: a coordinator and six agent processes, one of which dies right after
+it advertised its keys, one right after it shared them and one right after it uploaded its masked input (each
+exits, as a device losing power, once the broker acknowledged that stage's message: ``secagg_vanish_after``, so
+the order is the protocol's, not a race). The unmasked global equals the plain weighted mean of what the
+survivors masked (kept in their own state dirs with ``secagg_audit``, never sent) within the quantisation step,
+and the rounds log says who dropped at which stage and whose masks were recovered."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_agent.secure import VANISH_EXIT_CODE
 from edge_agent.state import AgentStateDir
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
@@ -24,42 +27,43 @@ pytestmark = pytest.mark.integration
 
 FEDERATION = "secure"
 VICTIM = "rpi-0"
-"""Killed after uploading its masked input: its self-mask is rebuilt from its neighbours' shares."""
+"""Dies after uploading its masked input: its self-mask is rebuilt from its neighbours' shares."""
 SHARER = "rpi-1"
-"""Killed after sharing its keys, holding its update back: its pairwise masks are removed from its key's shares."""
+"""Dies after sharing its keys, before masking: its pairwise masks are removed from its key's shares."""
+ADVERTISER = "rpi-5"
+"""Dies after advertising its keys, before sharing: no survivor masks with it, nothing of it is needed."""
 OTHERS = ("rpi-2", "rpi-3", "rpi-4")
 CLIP = 0.5
 
 
-def test_a_secure_round_unmasks_the_plain_mean_and_survives_a_kill_after_masking(
+def test_a_secure_round_unmasks_the_plain_mean_and_survives_agents_dying_at_every_stage(
         tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
-    # The others hold their update back a few seconds: the victim uploads first and is killed (with the
-    # sharer, which shared before the victim could mask) before the masking stage closes.
-    agents = [AgentSpec(VICTIM, "rpi", 0)] + [
-        AgentSpec(name, "rpi", i + 1, settings={"straggler_delay": "constant:8"})
-        for i, name in enumerate((SHARER, *OTHERS))]
+    vanishing = {VICTIM: "masked", SHARER: "shares", ADVERTISER: "advertise"}
+    agents = [AgentSpec(name, "rpi", i, settings={"secagg_vanish_after": vanishing[name]} if name in vanishing else {})
+              for i, name in enumerate((VICTIM, SHARER, *OTHERS, ADVERTISER))]
     fleet = Fleet(tmp_path / "run", mosquitto.url, FleetSpec(agents=agents, alpha=1.0,
                                                              agent_settings={"secagg_audit": True}), {
-        "rounds": 2, "evaluate_final": False, "min_available_agents": 5, "min_fit_agents": 5, "local_epochs": 1,
+        "rounds": 2, "evaluate_final": False, "min_available_agents": 6, "min_fit_agents": 6, "local_epochs": 1,
         "secure_aggregation": True, "max_norm_ratio": 0, "claim_cap_multiple": 0, "secagg_clip": CLIP,
-        "secagg_stage_s": 5, "secagg_threshold": 2, "round_deadline_s": 18,  # masking waits for the sharer
+        "secagg_stage_s": 5, "secagg_threshold": 2, "round_deadline_s": 18,  # stages wait for the vanished
     }, federation=FEDERATION)
     topics = Topics(FEDERATION)
     with fleet:
-        wait_until(lambda: any(m.topic == topics.secagg(VICTIM, 2, "masked") for m in recorder.snapshot()),
-                   150, f"{VICTIM}'s masked input of round 2")
-        assert any(m.topic == topics.secagg(SHARER, 2, "shares") for m in recorder.snapshot())
-        fleet.kill_agent(VICTIM)
-        fleet.kill_agent(SHARER)
-        rounds = wait_for_rounds(fleet, 2, 120)
+        rounds = wait_for_rounds(fleet, 2, 240)
+        for name in vanishing:  # each exited by itself, at its stage
+            wait_until(lambda name=name: not fleet.agents[name].running, 30, f"{name} gone")
     seen = recorder.snapshot()
+    for name, stage in vanishing.items():
+        sent = [topics.parse(m.topic).stage for m in seen if topics.parse(m.topic).kind == "secagg"
+                and topics.parse(m.topic).agent_id == name and topics.parse(m.topic).round == 2]
+        assert sent[-1] == stage and fleet.agents[name].returncode == VANISH_EXIT_CODE, (name, sent)
 
     secure_round = rounds[1]
     assert (secure_round["round"], secure_round["outcome"], secure_round["answered"]) == (2, "completed", 4), secure_round
     family, account = next(iter(secure_round["secure"]["families"].items()))
     assert account["survivors"] == sorted([VICTIM, *OTHERS])
     assert account["recovered"] == {"self_masks": [VICTIM], "pairwise_masks": [SHARER]}
-    assert account["dropped"]["mask"] == [SHARER] and account["dropped"]["unmask"] == [VICTIM]
+    assert account["dropped"] == {"advertise": [], "share": [ADVERTISER], "mask": [SHARER], "unmask": [VICTIM]}
     assert set(secure_round["secure"]["stages"]) == {"advertise", "share", "mask", "unmask"}
 
     # No plain update of round 2 crossed the broker; every stage message is signed by its sender.
@@ -73,6 +77,7 @@ def test_a_secure_round_unmasks_the_plain_mean_and_survives_a_kill_after_masking
             assert signer_of(message.payload, keys) == "coordinator"
     masked = [decode_wire(m.payload, SecureMasked) for m in seen if topics.parse(m.topic).stage == "masked"]
     assert len(masked) == 4 and all(m.masked.dtype == np.uint32 for m in masked)
+    assert AgentStateDir(fleet.agent_dir(ADVERTISER)).read_arrays("secagg-input-2") is None  # it never masked
 
     # The new global state is the old one plus the weighted mean of what the agents masked.
     states = {(s.family, s.round): s for s in (decode_wire(m.payload, GlobalState) for m in seen
