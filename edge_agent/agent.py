@@ -138,7 +138,7 @@ class EdgeAgent:
         """The run's task card and the coordinator's refusal notices (``edge_agent.coordinator_notes``)."""
         self.secure = SecureParticipant(agent_id, worker.family, self.topics, self._publish_one, self._sealed,
                                         state if secagg_audit else None, settled=self._on_secure_settled,
-                                        vanish_after=secagg_vanish_after)
+                                        vanish_after=secagg_vanish_after, state=state)
         """Secure rounds' stages (``edge_agent.secure``)."""
         self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()

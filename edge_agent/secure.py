@@ -14,7 +14,10 @@ commits the agent's new variate when it builds the update, before any masking: a
 is not in the sum (it left the session, it was not among the survivors, or the round failed after)
 would keep a variate the server never added. ``settled`` says, once per secure round it answered,
 whether its input was counted: named among the survivors and the family's state advanced past that
-round, as the next announcement shows (``settle``). A caller rolls the variate back on False.
+round, as the next announcement shows (``settle``). A caller rolls the variate back on False. What it
+must settle (the round, and whether the unmasking request named it) is kept in the state directory
+(``PENDING``), so a restart before the next announcement does not lose it; an agent that restarts between
+uploading and the unmasking request never learns whether it was named, and is settled as not named.
 
 Called only from the agent's loop thread (``edge_agent.agent``), like the rest of its state.
 """
@@ -54,6 +57,8 @@ from protocol.wire import encode_message
 
 log = logging.getLogger(__name__)
 
+PENDING = "secagg-pending"
+"""State-dir record of the secure round this agent answered and has not settled yet (survives a restart)."""
 VANISH_WAIT_S = 30.0
 VANISH_EXIT_CODE = 17
 """``secagg_vanish_after`` (tests only): how long the message may take to be acknowledged, and the exit status."""
@@ -63,7 +68,8 @@ _RELAY_LIMITS = DecodeLimits(max_payload_bytes=16 * 1024 * 1024, max_array_eleme
 class SecureParticipant:
     def __init__(self, agent_id: str, family: str, topics: Topics, publish: Callable[[str, bytes], MQTTMessageInfo],
                  seal: Callable[[bytes], bytes], audit: AgentStateDir | None = None,
-                 settled: Callable[[str, int, bool], None] | None = None, vanish_after: str | None = None) -> None:
+                 settled: Callable[[str, int, bool], None] | None = None, vanish_after: str | None = None,
+                 state: AgentStateDir | None = None) -> None:
         self.agent_id = agent_id
         self.family = family
         self.topics = topics
@@ -84,6 +90,10 @@ class SecureParticipant:
         """The secure round whose training answer this agent took, until ``settled`` is told its fate."""
         self._named = False
         """Whether that round's unmasking request named this agent a survivor (and it revealed)."""
+        self._state = state
+        pending = state.read_json(PENDING) if state is not None else None
+        if pending is not None:  # a restart before the round was settled
+            self._answered, self._named = (str(pending["run_id"]), int(pending["round"])), bool(pending["named"])
 
     def subscriptions(self) -> list[tuple[str, int]]:
         return [(self.topics.secagg_relays_of(self.family), 1), (self.topics.secagg_inbox_of(self.agent_id), 1)]
@@ -112,6 +122,7 @@ class SecureParticipant:
         if self.round != (update.run_id, update.round) or update.task != "train":
             return False
         self._answered, self._named = self.round, False
+        self._keep_pending()
         if self.client is not None:
             self._update = update
             self._guarded(self._maybe_mask)
@@ -178,6 +189,7 @@ class SecureParticipant:
                                           self_mask_shares=response.self_mask_shares, key_shares=response.key_shares))
         self.client = None
         self._named = self._answered == self.round
+        self._keep_pending()
 
     def settle(self, ann: RoundAnnouncement) -> None:
         """The first later announcement of the run tells whether the answered round's sum became the state: the
@@ -188,14 +200,25 @@ class SecureParticipant:
         if answered is None or ann.run_id != answered[0] or ann.round <= answered[1]:
             if answered is not None and ann.run_id != answered[0]:
                 self._answered = None  # another run: its variates are another run's (keyed by run)
+                self._keep_pending()
             return
         ref = ann.states.get(self.family)
         counted = self._named and ref is not None and ref.round > answered[1]
         self._answered, self._named = None, False
+        self._keep_pending()
         if not counted:
             log.warning("round %d: this agent's masked input is not in the sum that was folded", answered[1])
         if self._settled is not None:
             self._settled(answered[0], answered[1], counted)
+
+    def _keep_pending(self) -> None:
+        if self._state is None:
+            return
+        if self._answered is None:
+            self._state.remove(PENDING)
+        else:
+            self._state.write_json(PENDING, {"run_id": self._answered[0], "round": self._answered[1],
+                                             "named": self._named})
 
     def _send(self, stage: str, message: Message) -> None:
         assert self.round is not None

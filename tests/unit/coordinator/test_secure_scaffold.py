@@ -160,13 +160,16 @@ def test_fedavg_rounds_mask_no_control_and_start_up_still_refuses_fedproto(tmp_p
     assert CoordinatorSettings(**{**SECURE, "enrollment": "open", **SCAFFOLD}).algorithm == "scaffold"
 
 
-def settling(fleet: Fleet) -> list[tuple[str, int, bool]]:
-    """Participants that record ``settled`` calls, as (agent, round, counted)."""
-    calls: list[tuple[str, int, bool]] = []
+def settling(fleet: Fleet, states: Path | None = None,
+             calls: list[tuple[str, int, bool]] | None = None) -> list[tuple[str, int, bool]]:
+    """Participants that record ``settled`` calls, as (agent, round, counted); with ``states``, each keeps what it
+    must settle in its own state dir there (built again on the same dirs: a restart)."""
+    calls = [] if calls is None else calls
     for agent in AGENTS:
         fleet.agents[agent] = SecureParticipant(
             agent, "f", TOPICS, lambda t, p: fleet.up.append((t, p)), lambda b: b,
-            settled=lambda run, number, counted, agent=agent: calls.append((agent, number, counted)))
+            settled=lambda run, number, counted, agent=agent: calls.append((agent, number, counted)),
+            state=AgentStateDir(states / agent) if states is not None else None)
     return calls
 
 
@@ -215,3 +218,30 @@ def test_a_round_that_fails_after_the_unmasking_request_counts_nobody(tmp_path: 
         participant.begin(following)
         participant.begin(following)  # settled once
     assert sorted(calls) == [(a, 2, False) for a in AGENTS]
+
+
+def test_a_restart_after_revealing_still_settles_the_round(tmp_path: Path) -> None:
+    """What an agent must settle is kept in its state dir: restarted before the next announcement, it still learns
+    whether its input was counted (and a late one, that it was not)."""
+    fleet = scaffold_fleet(tmp_path)
+    calls = settling(fleet, tmp_path / "agents")
+    ann = fleet.announcement()
+    for participant in fleet.agents.values():
+        participant.begin(ann)
+    fleet.pump()
+    sent, controls = deltas(8), control_deltas(9)
+    late, late_control = {"c": sent.pop("c")}, {"c": controls.pop("c")}
+    fleet.train(sent, controls=controls)
+    fleet.pump(gone=frozenset({"c"}))
+    fleet.clock.now += 31
+    fleet.pump(gone=frozenset({"c"}))
+    fleet.train(late, controls=late_control)
+    fleet.pump()
+    assert fleet.engine.last_summary.outcome == "completed"
+    settling(fleet, tmp_path / "agents", calls)  # every agent restarts: new participants, the same state dirs
+    fleet.engine.tick()
+    following = fleet.announcement()
+    for participant in fleet.agents.values():
+        participant.begin(following)
+    assert sorted(calls) == [("a", 2, True), ("b", 2, True), ("c", 2, False), ("d", 2, True)]
+    assert not any((tmp_path / "agents" / a / "secagg-pending.json").exists() for a in AGENTS)  # settled once
