@@ -59,10 +59,17 @@ class Variant:
     corrected: bool
     weighted: bool
     option: str = "II"
+    clip: bool = False
+    """Outside the paper: each step's correction c - c_i is scaled, per tensor, to at most the step's gradient norm."""
+    damping: float = 1.0
+    """Outside the paper: c_i moves only this fraction of the way to option II's new value."""
 
 
 VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
             Variant("scaffold-II-paper", True, False), Variant("scaffold-I", True, True, "I"))
+EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
+               Variant("scaffold-II-damped", True, True, damping=0.5))
+"""Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
 def largest_late_fall(curve: list[float]) -> float:
@@ -123,14 +130,20 @@ class Reference:
             F.cross_entropy(model(inputs[batch]), labels[batch]).backward()
             with torch.no_grad():
                 for k in names:
-                    step = params[k].grad + (c[k] - control[k] if variant.corrected else 0.0)
-                    params[k].sub_(args.lr * step)
+                    grad = params[k].grad
+                    correction = c[k] - control[k] if variant.corrected else torch.zeros_like(grad)
+                    if variant.clip:
+                        size = float(correction.norm())
+                        if size > 0:
+                            correction = correction * min(1.0, float(grad.norm()) / size)
+                    params[k].sub_(args.lr * (grad + correction))
         y = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if not variant.corrected:
             return y, control
         if variant.option == "I":
             return y, at_start
-        return y, {k: control[k] - c[k] + (x[k] - y[k]) / (args.steps * args.lr) for k in names}
+        target = {k: control[k] - c[k] + (x[k] - y[k]) / (args.steps * args.lr) for k in names}
+        return y, {k: control[k] + variant.damping * (target[k] - control[k]) for k in names}
 
     def accuracy(self, state: Arrays) -> float:
         self.model.load_state_dict(state)
@@ -170,9 +183,10 @@ def main() -> None:
     torch.manual_seed(args.seed)
     torch.use_deterministic_algorithms(True)
     reference = Reference(args)
-    chosen = [v for v in VARIANTS if args.only is None or v.name in args.only.split(",")]
+    chosen = [v for v in VARIANTS + EXPERIMENTS if (v in VARIANTS and args.only is None)
+              or (args.only is not None and v.name in args.only.split(","))]
     if not chosen:
-        sys.exit(f"--only {args.only}: no such variant (variants: {', '.join(v.name for v in VARIANTS)})")
+        sys.exit(f"--only {args.only}: no such variant (variants: {', '.join(v.name for v in VARIANTS + EXPERIMENTS)})")
     print(f"# SCAFFOLD reference: {args.task}, Dirichlet {args.alpha}, {args.agents} agents (all per round), "
           f"{args.rounds} rounds, lr {args.lr}, K {args.steps}, batch {args.batch}, seed {args.seed}, "
           f"samples {[len(d) for d in reference.data]}; torch {torch.__version__}")
