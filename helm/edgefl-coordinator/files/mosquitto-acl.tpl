@@ -51,3 +51,14 @@ pattern read fl/{{ .Values.federation }}/global/#
 #   topic read fl/default/sites/farm-1/resync
 #   topic write fl/default/sites/farm-1/roster
 #   topic write fl/default/sites/farm-1/partials/#
+{{ range .Values.mosquitto.sites -}}
+{{ printf "\nuser %s-bridge" .id }}
+topic read fl/{{ $.Values.federation }}/coordinator/status
+topic read fl/{{ $.Values.federation }}/rounds/current
+topic read fl/{{ $.Values.federation }}/task
+topic read fl/{{ $.Values.federation }}/global/#
+topic read fl/{{ $.Values.federation }}/notices/#
+topic read fl/{{ $.Values.federation }}/sites/{{ .id }}/resync
+topic write fl/{{ $.Values.federation }}/sites/{{ .id }}/roster
+topic write fl/{{ $.Values.federation }}/sites/{{ .id }}/partials/#
+{{ end -}}

@@ -326,6 +326,22 @@ def test_the_acl_pins_every_client_to_the_charts_federation() -> None:
     assert "fl/+/" not in acl
 
 
+def test_each_site_bridge_gets_a_password_and_the_acl_block_the_acl_documents() -> None:
+    """``mosquitto.sites``: one ``<id>-bridge`` login each, confined to its own site's roster and partials (the
+    block deploy/mosquitto/acl shows in a comment, and the compose lab writes)."""
+    sites = [{"id": "farm-1", "password": "f1-pw"}, {"id": "store-7", "password": "s7-pw"}]
+    rendered = render({"mosquitto": {"agents": [{"username": "rpi-1", "password": "rpi-pw"}], "sites": sites}})
+    passwd = rendered.secret_value(f"{FULLNAME}-mosquitto-agents", "passwd").splitlines()
+    assert passwd == ["rpi-1:rpi-pw", "farm-1-bridge:f1-pw", "store-7-bridge:s7-pw"]
+    acl = rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"]
+    shipped = (REPO / "deploy" / "mosquitto" / "acl").read_text()
+    documented = [line.removeprefix("#   ") for line in shipped.splitlines()
+                  if line.startswith("#   ") and ("farm-1" in line or line.startswith("#   topic"))]
+    blocks = ["", *documented, "", *(line.replace("farm-1", "store-7") for line in documented)]
+    assert acl == shipped + "\n".join(blocks) + "\n"
+    assert render().get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"] == shipped  # no sites: unchanged
+
+
 def test_an_external_broker_over_tls_with_the_coordinators_certificate() -> None:
     rendered = render({"mosquitto": {"enabled": False}, "broker": {
         "url": "mqtts://mqtt.example.com:8883", "tls": {"clientCertSecret": "coord-cert"}}})
