@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from coordinator.app.http_server import HealthServer
 from coordinator.sites.engine import SiteEngine
 from coordinator.sites.settings import SiteSettings
 from coordinator.telemetry.metrics import CoordinatorMetrics
@@ -18,6 +20,8 @@ from service_kit.keys import load_or_create_signing_key
 
 log = logging.getLogger(__name__)
 
+STALL_S = 30.0
+"""/healthz fails when the loop has not run for this long."""
 CONNECTED = ("", b"")
 """Put in the inbox when the link (re)connects: the engine hears of it on its own thread, in order."""
 
@@ -37,6 +41,11 @@ class SiteService:
                                  coordinator_key=coordinator_key(settings.coordinator_key))
         self._inbox: queue.Queue[tuple[str, bytes]] = queue.Queue(maxsize=100_000)
         self._link: MqttLink | None = None
+        self._last_loop = time.monotonic()
+        self.http: HealthServer | None = None
+        if settings.http_port is not None:
+            self.http = HealthServer(settings.http_host, settings.http_port, self.metrics.registry, self._healthy,
+                                     self._ready)
 
     def run(self, stop: threading.Event) -> int:
         topics = self.engine.topics
@@ -49,8 +58,13 @@ class SiteService:
             on_connected=self._connected)
         self._link.start()
         log.info("site %s: aggregating for federation %s", self.settings.site_id, self.settings.federation)
+        if self.http is not None:
+            self.http.start()
+            log.info("site %s: serving /metrics, /healthz, /readyz on %s:%d", self.settings.site_id,
+                     self.settings.http_host, self.http.port)
         try:
             while not stop.is_set():
+                self._last_loop = time.monotonic()
                 wait, out = self.engine.tick()
                 self._publish(out)
                 try:
@@ -63,7 +77,17 @@ class SiteService:
                 self._publish(self.engine.on_message(*item))
         finally:
             self._link.stop()
+            if self.http is not None:
+                self.http.stop()
         return 0
+
+    def _healthy(self) -> tuple[bool, str]:
+        stalled = time.monotonic() - self._last_loop
+        return stalled < STALL_S, f"loop last ran {stalled:.1f}s ago"
+
+    def _ready(self) -> tuple[bool, str]:
+        connected = self._link is not None and self._link.connected
+        return connected, "ready" if connected else "site broker not connected"
 
     def _connected(self, connection: Connection) -> None:
         log.info("site %s: connected to %s (session present: %s)", self.settings.site_id, self.settings.broker_address(),

@@ -19,8 +19,11 @@ class SiteSettings(CoordinatorSettings):
     site_deadline_fraction: float = Field(default=0.8, gt=0.0, lt=1.0, description=(
         "the site closes a round at this fraction of the round's deadline, so its partial reaches the root in time"))
     roster_interval_s: float = Field(default=10.0, gt=0.0, le=3600.0, allow_inf_nan=False, description=(
-        "how often the site tells the root which of its agents it still hears (its roster's present list; their "
-        "statuses do not cross the bridge): at most a third of agent_timeout_s"))
+        "how often the site sends the root the ids of the agents it heard from since (its roster's present list, "
+        "which keeps them live there: their statuses do not cross the bridge); at most a third of agent_timeout_s"))
+    http_port: int | None = Field(default=None, ge=0, le=65535, description=(  # type: ignore[assignment]
+        "port of the site aggregator's /metrics, /healthz and /readyz; unset: none served (several sites often share "
+        "a machine in a lab); 0: any free port"))
     coordinator_key: Path | None = Field(default=None, description=(
         "the root coordinator's public key file (ed25519:...): announcements are acted on only if it signed them; "
         "unset: unwrapped unverified (warned)"))

@@ -4,17 +4,18 @@ and rounds complete."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from launcher.broker import MosquittoBroker
+from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.partials import PartialAggregate
 from protocol.site_rosters import SiteRoster
 from protocol.topics import Topics
 from tests.integration.sites import bridge_settings, enroll_site, site_process
-from tests.integration.wire import WireRecorder, assert_all_completed, decode_wire, wait_for_rounds
+from tests.integration.wire import WireRecorder, assert_all_completed, decode_wire, metric, scrape, wait_for_rounds
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +32,24 @@ def test_two_rounds_through_a_site_aggregator_behind_a_bridge(tmp_path: Path, mo
         "broker_url": mosquitto.url, "rounds": ROUNDS, "min_available_agents": 2, "min_fit_agents": 2,
         "local_epochs": 1, "round_deadline_s": 120}, federation=FEDERATION)
     site_dir = tmp_path / "run" / "sites"
-    site = site_process(fleet, site_broker, "s1", site_dir)
+    http_port = free_port()
+    site = site_process(fleet, site_broker, "s1", site_dir, http_port=http_port)
     try:
         fleet.start_coordinator()
         enroll_site(fleet, "s1", site_dir)
         site.start()
         fleet.start_agents()
         rounds = wait_for_rounds(fleet, ROUNDS + 1, 240)
+        samples = scrape(http_port)  # the site's own /metrics and probes
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/readyz", timeout=5) as response:
+            assert response.status == 200 and response.read() == b"ready\n"
     finally:
         fleet.stop()
         site.terminate()
         site_broker.stop()
     assert_all_completed(rounds, ROUNDS + 1)
+    # Its agents' updates, every round: counted at the site, where they stayed.
+    assert metric(samples, "fl_updates_total", outcome="accepted") == 2 * (ROUNDS + 1), samples
     assert all(r["answered"] == 2 and r["sites"]["s1"]["accepted"] == 2 for r in rounds), rounds
     topics = Topics(FEDERATION)
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]
