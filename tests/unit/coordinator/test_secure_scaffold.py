@@ -173,10 +173,8 @@ def settling(fleet: Fleet, states: Path | None = None,
     return calls
 
 
-def test_the_next_announcement_settles_whose_masked_input_was_counted(tmp_path: Path) -> None:
-    """The worker commits a SCAFFOLD variate before masking: a late agent must learn its input was not counted."""
-    fleet = scaffold_fleet(tmp_path)
-    calls = settling(fleet)
+def run_with_a_late_agent(fleet: Fleet) -> None:
+    """A secure round that completes without c, whose masked input comes after its stage closed (refused)."""
     ann = fleet.announcement()
     for participant in fleet.agents.values():
         participant.begin(ann)
@@ -190,6 +188,13 @@ def test_the_next_announcement_settles_whose_masked_input_was_counted(tmp_path: 
     assert fleet.engine.last_summary.outcome == "completed"
     fleet.train(late, controls=late_control)  # c's masked input after its stage closed: refused
     fleet.pump()
+
+
+def test_the_next_announcement_settles_whose_masked_input_was_counted(tmp_path: Path) -> None:
+    """The worker commits a SCAFFOLD variate before masking: a late agent must learn its input was not counted."""
+    fleet = scaffold_fleet(tmp_path)
+    calls = settling(fleet)
+    run_with_a_late_agent(fleet)
     assert not calls  # nothing is settled before the next announcement
     fleet.engine.tick()
     following = fleet.announcement()
@@ -225,19 +230,7 @@ def test_a_restart_after_revealing_still_settles_the_round(tmp_path: Path) -> No
     whether its input was counted (and a late one, that it was not)."""
     fleet = scaffold_fleet(tmp_path)
     calls = settling(fleet, tmp_path / "agents")
-    ann = fleet.announcement()
-    for participant in fleet.agents.values():
-        participant.begin(ann)
-    fleet.pump()
-    sent, controls = deltas(8), control_deltas(9)
-    late, late_control = {"c": sent.pop("c")}, {"c": controls.pop("c")}
-    fleet.train(sent, controls=controls)
-    fleet.pump(gone=frozenset({"c"}))
-    fleet.clock.now += 31
-    fleet.pump(gone=frozenset({"c"}))
-    fleet.train(late, controls=late_control)
-    fleet.pump()
-    assert fleet.engine.last_summary.outcome == "completed"
+    run_with_a_late_agent(fleet)
     settling(fleet, tmp_path / "agents", calls)  # every agent restarts: new participants, the same state dirs
     fleet.engine.tick()
     following = fleet.announcement()
