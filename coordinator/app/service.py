@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from coordinator.admission.intake import Opened
 from coordinator.app.driver import EngineDriver
 from coordinator.app.gate import SenderGate, sender_bounds
-from coordinator.app.http_server import HealthServer
 from coordinator.app.inbox import FairInbox
 from coordinator.app.openers import UPDATE, Openers
 from coordinator.round.engine import RoundEngine
@@ -22,6 +21,7 @@ from coordinator.state.checkpoint import CheckpointStore
 from coordinator.state.rounds import RoundSummary
 from coordinator.state.rounds_log import RoundsLog
 from coordinator.strategies import build_strategy
+from coordinator.telemetry.http_server import HealthServer
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.transport.mqtt import Backoff, Connection, MqttLink, Will
 from service_kit.keys import load_or_create_signing_key

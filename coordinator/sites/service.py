@@ -10,9 +10,9 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from coordinator.app.http_server import HealthServer
 from coordinator.sites.engine import SiteEngine
 from coordinator.sites.settings import SiteSettings
+from coordinator.telemetry.http_server import HealthServer
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.security.signing import PublicKey
 from protocol.transport.mqtt import Backoff, Connection, MqttLink
