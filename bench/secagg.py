@@ -7,6 +7,7 @@
     python bench/secagg.py --mqtt --quick   # the same at 10 agents x 10,000 parameters (CI)
     python bench/secagg.py --accuracy       # a 20-round digits FedAvg run, secure vs plain: final accuracy
     python bench/secagg.py --accuracy --quick   # 4 agents, a small model, 3 rounds (CI; numbers mean little)
+    python bench/secagg.py --accuracy --algorithm fedproto   # the same for FedProto over three model families
 
 --mqtt is described in bench/secagg_mqtt.py, --accuracy in bench/secagg_accuracy.py; what follows is the
 default mode.
@@ -114,13 +115,15 @@ def main() -> int:
     parser.add_argument("--rates", type=float, nargs="*", default=[0.0, 0.1], help="--mqtt: dropout rates")
     parser.add_argument("--accuracy", action="store_true", help="a digits run's final accuracy, secure vs plain "
                                                                 "FedAvg (bench/secagg_accuracy.py)")
-    parser.add_argument("--clip", type=float, default=0.5, help="--accuracy: secagg_clip [default: 0.5, the "
-                                                                "coordinator's default]")
+    parser.add_argument("--clip", type=float, help="--accuracy: secagg_clip, or secagg_prototype_clip under fedproto "
+                                                   "[default: the coordinator's, 0.5 or 8.0]")
+    parser.add_argument("--algorithm", choices=("fedavg", "fedproto"), default="fedavg",
+                        help="--accuracy: what both runs train (fedproto: three model families)")
     args = parser.parse_args()
     if args.accuracy:
         from secagg_accuracy import run as run_accuracy  # torch, the agents and the broker only in this mode
 
-        return run_accuracy(args.quick, args.clip)
+        return run_accuracy(args.quick, args.clip, args.algorithm)
     if args.mqtt:
         from secagg_mqtt import run  # the broker, the coordinator and the fleet only in this mode
 

@@ -9,7 +9,8 @@ request it reveals, once, the shares the survivors list entitles the coordinator
 fails (``SecAggAborted``: under the threshold, a bad bundle, a request naming too few) ends its
 part in the round: it sends nothing more, so its update is never revealed in the clear.
 
-Under SCAFFOLD the control delta is masked after the delta (``protocol.secagg.vector``). The worker
+Under SCAFFOLD the control delta is masked after the delta (``protocol.secagg.vector``); under FedProto the
+prototypes and their per-class counts are masked instead of a delta (``protocol.secagg.prototype_vector``). The worker
 commits the agent's new variate when it builds the update, before any masking: an agent whose input
 is not in the sum (it left the session, it was not among the survivors, or the round failed after)
 would keep a variate the server never added. ``settled`` says, once per secure round it answered,
@@ -37,6 +38,7 @@ from protocol.secagg.client import SecAggClient
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted
 from protocol.secagg.messages import Advertisement, UnmaskRequest
+from protocol.secagg.prototype_vector import encode_prototypes
 from protocol.secagg.vector import encode_input, pack_masked
 from protocol.secagg.wire import (
     STAGE_MESSAGES,
@@ -165,9 +167,11 @@ class SecureParticipant:
         assert self.round is not None and self.setup is not None and self.session is not None
         update, self._update = self._update, None
         try:
-            # Under SCAFFOLD (the round declares control_clip) its control delta is masked after its delta.
-            plain, ring = encode_input(update.delta, self.setup, self.session, update.num_samples,
-                                       update.control_delta or None)
+            if update.prototypes is not None:  # FedProto: per-class prototype sums and counts
+                plain, ring = encode_prototypes(update.prototypes, update.prototype_counts, self.setup, self.session)
+            else:  # under SCAFFOLD (the round declares control_clip) its control delta is masked after its delta
+                plain, ring = encode_input(update.delta, self.setup, self.session, update.num_samples,
+                                           update.control_delta or None)
         except ValueError as exc:
             raise SecAggAborted("mask", str(exc)) from exc
         masked = pack_masked(self.client.masked_input(ring, self._inbox), self.session)

@@ -1,14 +1,15 @@
 """Secure rounds (SecAgg+) over the broker: the coordinator relays the stages and learns only the sum.
 
-A train round whose families all have a global state is announced with ``RoundAnnouncement.secure``
-(``plan``); bootstrap and evaluation rounds stay plain (their answers are seeded weights and metrics).
+A train round is announced with ``RoundAnnouncement.secure`` as ``secure_plan`` decides (once every family has a
+global state; FedProto from round 1); bootstrap and evaluation rounds stay plain (seeded weights and metrics).
 Each family's selected agents form one ``SecAggServer`` session (``protocol.secagg``). The stages close
 on all of a stage's agents answering or on their deadline: advertise (``secagg_stage_s`` after opening)
 -> keys relayed; share (another ``secagg_stage_s``) -> each agent's sealed bundles relayed to it;
 masked inputs (the round's deadline) -> the survivors announced; reveals (``secagg_stage_s`` more) ->
 the masks removed, and the unmasked sum folded into the strategy as one group (as a site's partial is),
 its survivors entering the round as answered agents without arrays (under SCAFFOLD the one sum holds the
-control deltas' too, folded beside the deltas: ``protocol.secagg.vector``). The server keeps only a running
+control deltas' too, folded beside the deltas: ``protocol.secagg.vector``; under FedProto the per-class sums of
+count-weighted prototypes and the counts: ``protocol.secagg.prototype_vector``). The server keeps only a running
 sum: no individual update is ever held here. A session that aborts (under its threshold at any stage)
 fails the round with the reason, before any share is revealed where the masking stage is the cause.
 A masked input or reveal after its stage closed is refused (``SecAggRefused``): a late agent never
@@ -19,8 +20,6 @@ running sum is not checkpointed, and the agents' secrets died with their answers
 from __future__ import annotations
 
 import logging
-import math
-import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,18 +29,17 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.running_mean import RunningMean, layout_key
 from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
+from coordinator.round import secure_plan
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.rounds import OpenRound
-from protocol.compression import CompressionSpec
 from protocol.errors import ProtocolError
 from protocol.messages import RoundAnnouncement, TrainMetrics, Update
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
-from protocol.secagg.graph import default_degree, default_threshold
 from protocol.secagg.messages import Advertisement, UnmaskResponse
-from protocol.secagg.ring import GRID_LEVELS, ring_bits
+from protocol.secagg.prototype_vector import decode_prototype_sums
 from protocol.secagg.server import SecAggServer
-from protocol.secagg.vector import decode_sum, unpack_masked, vector_length
+from protocol.secagg.vector import decode_sum, unpack_masked
 from protocol.secagg.wire import (
     STAGE_MESSAGES,
     AdvertisedKeys,
@@ -76,6 +74,8 @@ class Session:
     """The family's global weights: the layout the sum is read back into."""
     control_like: dict[str, np.ndarray] | None = None
     """SCAFFOLD: the family's server control variate, the layout of the control deltas' sum (None: not masked)."""
+    prototypes: tuple[int, int] | None = None
+    """FedProto: (classes, dim) of the prototypes whose per-class sums and counts are masked instead of a delta."""
     members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})
     """Who took part in each stage (U1..U4)."""
     metrics: dict[str, TrainMetrics] = field(default_factory=dict)
@@ -105,45 +105,9 @@ class SecureRounds:
     # -- opening ---------------------------------------------------------------------------
     def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
              records: dict[str, AgentRecord]) -> RoundAnnouncement:
-        """The announcement with its ``secure`` part, for a train round whose families all have a state."""
-        states = parts.strategy.states
-        by_family: dict[str, list[str]] = {}
-        for agent in announcement.selected:
-            by_family.setdefault(records[agent].status.family, []).append(agent)
-        if announcement.task != "train" or any(f not in states for f in by_family):
-            return announcement  # evaluation, or a bootstrap round: seeded weights, nothing learned from data
-        s = self.settings
-        levels = GRID_LEVELS.get(CompressionSpec.parse(s.compression).kind, 0)
-        families, self.skipped = {}, []
-        # SCAFFOLD's states carry a server control variate: its agents mask their control delta after the
-        # delta, clipped to its own range (gradient units, not weight units: secagg_control_clip).
-        controls = {f: states[f].control or None for f in by_family}
-        for family, agents in sorted(by_family.items()):
-            n = len(agents)
-            degree = max(min(s.secagg_degree or default_degree(max(n, 2)), n - 1), 1)
-            degree -= degree % 2 if degree < n - 1 else 0  # below n - 1 a Harary graph needs an even degree
-            threshold = s.secagg_threshold or default_threshold(degree)
-            if n < 2 or threshold > degree:
-                why = ("one selected agent, whose update secure aggregation cannot hide" if n < 2 else
-                       f"{n} selected agents allow {degree} neighbours each, fewer than secagg_threshold {threshold}")
-                self.skipped.append(f"{family}: {why}")
-                log.warning("round %d: %s sits out (its agents' plain updates are refused): %s", announcement.round,
-                            family, why)
-                continue
-            claims = sorted(records[a].status.num_samples for a in agents)
-            cap = min(claims[-1], s.max_samples_per_update)
-            if s.claim_cap_multiple:
-                cap = min(cap, math.ceil(claims[n // 2] * s.claim_cap_multiple))
-            families[family] = SecureFamily(
-                roster=sorted(agents), graph_seed=secrets.token_bytes(32), degree=degree, threshold=threshold,
-                n_params=vector_length(states[family].weights, controls[family]), weight_cap=max(cap, 1),
-                ring_bits=ring_bits(levels, n) if levels else 32)
-        control_clip = s.secagg_control_clip if any(controls[f] for f in families) else None
-        setup = SecureSetup(clip=s.secagg_clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
-                            unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip)
-        # The compression moves into the ring (the grid and ring_bits above): agents mask the quantised
-        # delta and send no packed arrays, so the announcement asks for none.
-        return announcement.model_copy(update={"secure": setup, "compression": "none"})
+        """The announcement with its ``secure`` part where the round is secure (``secure_plan``)."""
+        planned, self.skipped = secure_plan.plan(self.settings, parts.strategy.states, announcement, records)
+        return planned
 
     def begin(self, parts: EngineParts, run: RunState) -> None:
         """The round just opened: a session per family its announcement declares."""
@@ -163,9 +127,11 @@ class SecureRounds:
             except ValueError as exc:
                 problems.append(f"{family}: {exc}")
                 continue
-            state = parts.strategy.states[family]
-            self.sessions[family] = Session(family, fam, SecAggServer(config), state.weights,
-                                            state.control if setup.control_clip is not None else None)
+            state = parts.strategy.states.get(family)  # FedProto's first round has none: its layout is the task's
+            self.sessions[family] = Session(
+                family, fam, SecAggServer(config), state.weights if state is not None else {},
+                state.control if state is not None and setup.control_clip is not None else None,
+                secure_plan.prototype_shape(self.settings))
             self.family_of.update((agent, family) for agent in fam.roster)
         open_round.secure = {"families": {}, "stages": {}}
         self._enter("advertise", open_round.opened, open_round.opened + setup.advertise_s)
@@ -307,42 +273,52 @@ class SecureRounds:
         """Every session unmasks its sum; only then is anything folded (a failure leaves the strategy as it was)."""
         setup = self.setup
         assert setup is not None and open_round.secure is not None
-        means: dict[str, dict[str, RunningMean]] = {}
+        unmasked = {family: self._unmask(session) for family, session in self.sessions.items()}
         for family, session in self.sessions.items():
-            server = session.server
-            total = server.finish()
-            survivors = server.survivors
-            sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
-            # One weight for every payload: the agent weighed its delta and control delta alike (sample-weighted
-            # means, as Scaffold.aggregate takes them in a plain round).
-            layouts = {"delta": session.like, "control_delta": session.control_like or {}}
-            means[family] = {
-                payload: RunningMean.of_sums(layout_key(layouts[payload]), payload_sums,
-                                             {n: np.zeros_like(a) for n, a in layouts[payload].items()
-                                              if a.dtype.kind != "f"}, weight, len(survivors), (0.0, ""))
-                for payload, payload_sums in sums.items()}
             open_round.secure["families"][family] = self._account(session)
-        for family, mean in means.items():
+        for family, sums in unmasked.items():
             session = self.sessions[family]
             survivors = set(session.server.survivors)
-            if not parts.strategy.accumulate_sums(family, mean, survivors):
-                raise ValueError(f"{parts.strategy.aggregator.describe()} does not fold a mean")
+            taken = (parts.strategy.accumulate_prototype_sums(family, *sums, survivors) if isinstance(sums, tuple)
+                     else parts.strategy.accumulate_sums(family, sums, survivors))
+            if not taken:
+                raise ValueError(f"{parts.strategy.algorithm} with {parts.strategy.aggregator.describe()} does not "
+                                 f"fold unmasked sums")
             self._enter_answered(parts, run, open_round, session, survivors)
         open_round.secure_done = True
         log.info("round %d: secure sums unmasked for %s", open_round.number,
                  ", ".join(f"{f} ({len(s.server.survivors)} agents)" for f, s in self.sessions.items()))
 
+    def _unmask(self, session: Session) -> dict[str, RunningMean] | tuple[np.ndarray, np.ndarray]:
+        """A session's unmasked sum: the means of its payloads (``delta``, and ``control_delta`` under SCAFFOLD), or
+        under FedProto (the per-class sums of count-weighted prototypes, the per-class counts)."""
+        setup = self.setup
+        assert setup is not None
+        total = session.server.finish()
+        survivors = session.server.survivors
+        if session.prototypes is not None:
+            return decode_prototype_sums(total, len(survivors), session.prototypes[0], setup, session.setup)
+        sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
+        # One weight for every payload: the agent weighed its delta and control delta alike (sample-weighted
+        # means, as Scaffold.aggregate takes them in a plain round).
+        layouts = {"delta": session.like, "control_delta": session.control_like or {}}
+        return {payload: RunningMean.of_sums(layout_key(layouts[payload]), payload_sums,
+                                             {n: np.zeros_like(a) for n, a in layouts[payload].items()
+                                              if a.dtype.kind != "f"}, weight, len(survivors), (0.0, ""))
+                for payload, payload_sums in sums.items()}
+
     def _enter_answered(self, parts: EngineParts, run: RunState, open_round: OpenRound, session: Session,
                         survivors: set[str]) -> None:
         """Survivors count as answered (sample count and metrics, no arrays), as a site's agents do."""
         ann = open_round.announcement
-        state = parts.strategy.states[session.family]
+        state = parts.strategy.states.get(session.family)
+        base = state.digest if state is not None else ""  # FedProto's first round starts from no state
         for agent in sorted(survivors):
             record = parts.registry.get(agent)
             samples = min(record.status.num_samples if record is not None else 0, session.setup.weight_cap)
             open_round.updates[agent] = Update.model_construct(
                 run_id=run.run_id, agent_id=agent, round=ann.round, task=ann.task, task_ref=ann.task_ref,
-                family=session.family, base_digest=state.digest, num_samples=samples,
+                family=session.family, base_digest=base, num_samples=samples,
                 metrics=session.metrics.get(agent) or TrainMetrics.model_construct())
             parts.applied.record(agent, ann.round)
             parts.metrics.updates.labels("accepted").inc()

@@ -170,6 +170,11 @@ class Strategy(ABC):
         self.folds.add_folded(family, {"delta": mean} if isinstance(mean, RunningMean) else mean, members)
         return True
 
+    def accumulate_prototype_sums(self, family: str, sums: np.ndarray, counts: np.ndarray, members: set[str]) -> bool:
+        """Take in a secure FedProto round's unmasked per-class sums of count-weighted prototypes and per-class
+        counts for ``members`` (``protocol.secagg.prototype_vector``). False for a strategy without prototypes."""
+        return False
+
     def end_round(self) -> None:
         """Let the round's folded sums and stored rows go (a spill file is deleted)."""
         for rows in (self.rows, self.proposals):

@@ -11,6 +11,8 @@ Server side, per round: the count-weighted per-class mean of the agents' prototy
 the configured aggregator), optionally L2-normalised, then mixed with the previous global
 prototypes by ``momentum``. A class nobody reported this round keeps its previous prototype.
 The alignment weight ``lambda`` is announced each round, ramped up over ``warmup_rounds``.
+Under secure aggregation the coordinator never sees one agent's prototypes: it gets each family's per-class
+sums of count-weighted prototypes and counts (``accumulate_prototype_sums``) and divides their totals.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -67,6 +70,19 @@ def aggregate_prototypes(aggregator: AggregateFn, prototypes: Sequence[np.ndarra
     return merged, totals
 
 
+def merge_secure_sums(families: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, the count-weighted mean from secure rounds' sums (``sum_i n_ic p_ic``, ``sum_i n_ic`` per family,
+    capped counts, within the grid's step): the plain rule's result where every agent's claim was capped alike.
+    Counts round to whole samples; a class whose count rounds to 0 gets a zero row and count 0 as in plain rounds."""
+    sums = np.sum([s for s, _ in families], axis=0)
+    totals = np.sum([c for _, c in families], axis=0)
+    counts = np.rint(np.maximum(totals, 0.0)).astype(np.int64)
+    merged = np.zeros_like(sums)
+    held = counts > 0
+    merged[held] = sums[held] / totals[held, None]
+    return merged.astype(PROTOTYPE_DTYPE), counts
+
+
 def normalize_rows(prototypes: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Rows with a count scaled to unit L2 norm (a zero row stays zero)."""
     out = prototypes.astype(np.float64)
@@ -92,6 +108,8 @@ class FedProto(Strategy):
         self.normalize = normalize
         self.prototypes: np.ndarray | None = None
         self.counts: np.ndarray | None = None
+        self.secure_sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        """This round's unmasked (prototype sums, counts) per family, in count units (a secure round)."""
 
     def scheduled_lambda(self, round_number: int) -> float:
         """``lambda * min(1, (round - 1) / warmup_rounds)``: zero in round 1 (no global prototypes
@@ -116,13 +134,28 @@ class FedProto(Strategy):
                                                   f"expected {list(self.prototypes.shape)}")
         return None
 
+    def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
+                    spill_dir: Path | None = None) -> None:
+        super().begin_round(capacity, memory_budget_bytes=memory_budget_bytes, spill_dir=spill_dir)
+        self.secure_sums = {}
+
+    def accumulate_prototype_sums(self, family: str, sums: np.ndarray, counts: np.ndarray, members: set[str]) -> bool:
+        if self.prototypes is not None and sums.shape != self.prototypes.shape:
+            raise ValueError(f"{family}'s unmasked prototype sums are {list(sums.shape)}, the global prototypes "
+                             f"{list(self.prototypes.shape)}")
+        self.secure_sums[family] = (sums, counts)
+        return True
+
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
         group, dropped = sorted(updates, key=lambda u: u.agent_id), []  # arrival order must not matter
-        if self.prototypes is None:
-            group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
-        fresh, fresh_counts = aggregate_prototypes(
-            self.aggregator.unclipped, [u.prototypes for u in group], [u.prototype_counts for u in group])  # type: ignore[misc]
+        if self.secure_sums:
+            fresh, fresh_counts = merge_secure_sums(list(self.secure_sums.values()))
+        else:
+            if self.prototypes is None:
+                group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
+            fresh, fresh_counts = aggregate_prototypes(
+                self.aggregator.unclipped, [u.prototypes for u in group], [u.prototype_counts for u in group])  # type: ignore[misc]
         if self.normalize:
             fresh = normalize_rows(fresh, fresh_counts)
         self.prototypes, self.counts = self._mix(fresh, fresh_counts)

@@ -63,4 +63,4 @@ ALGORITHMS.register(
     "fedproto", by_reference("coordinator.strategies.fedproto:build"),
     summary="FedProto: agents of any model family share class prototypes, never weights",
     settings=("proto_lambda", "proto_warmup_rounds", "proto_momentum", "proto_normalize"), modes=("sync",),
-    payloads=("prototypes",), dp=DP_EITHER, secure=("off",))
+    payloads=("prototypes",), dp=DP_EITHER, secure=("off", "on"))

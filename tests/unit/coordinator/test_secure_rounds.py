@@ -25,21 +25,29 @@ SECURE = {"secure_aggregation": True, "max_norm_ratio": 0, "claim_cap_multiple":
 
 
 class Fleet:
-    """The engine and four secure participants; ``pump`` carries messages both ways until nothing moves."""
+    """The engine and its secure participants (four of family f unless ``families`` says whose family is which);
+    ``pump`` carries messages both ways until nothing moves."""
 
-    def __init__(self, tmp_path: Path, bootstrap: dict[str, object] | None = None, **overrides: object) -> None:
-        """``bootstrap``: what each agent sends in round 1 beside the seeded weights (SCAFFOLD's control delta)."""
+    def __init__(self, tmp_path: Path, bootstrap: dict[str, object] | None = None,
+                 families: dict[str, str] | None = None, samples: dict[str, int] | None = None,
+                 **overrides: object) -> None:
+        """``bootstrap``: what each agent sends in round 1 beside the seeded weights (SCAFFOLD's control delta).
+        Under FedProto there is no plain round 1: its prototypes are learned from data, so round 1 is secure."""
         self.clock = Clock()
         self.engine, self.outbox, self.metrics = make_engine(tmp_path, self.clock, **{**SECURE, **overrides})
         self.up: list[tuple[str, bytes]] = []
         self.seen = 0
-        self.agents = {a: SecureParticipant(a, "f", TOPICS, lambda t, p: self.up.append((t, p)), lambda b: b)
-                       for a in AGENTS}
-        for agent in AGENTS:
-            hello(self.engine, agent, samples=SAMPLES[agent])
+        self.families = families or {a: "f" for a in AGENTS}
+        self.samples = samples or SAMPLES
+        self.agents = {a: SecureParticipant(a, family, TOPICS, lambda t, p: self.up.append((t, p)), lambda b: b)
+                       for a, family in self.families.items()}
+        for agent, family in self.families.items():
+            hello(self.engine, agent, family=family, samples=self.samples[agent])
         self.engine.tick()
-        for agent in AGENTS:  # round 1 bootstraps, in the clear (seeded weights, nothing learned)
-            send(self.engine, update(self.engine, agent, 1, samples=SAMPLES[agent], weights=weights(1.0),
+        if overrides.get("algorithm") == "fedproto":
+            return
+        for agent in self.families:  # round 1 bootstraps, in the clear (seeded weights, nothing learned)
+            send(self.engine, update(self.engine, agent, 1, samples=self.samples[agent], weights=weights(1.0),
                                      **(bootstrap or {})))
         self.engine.tick(), self.engine.tick()
 
@@ -69,7 +77,7 @@ class Fleet:
               controls: dict[str, dict[str, np.ndarray]] | None = None) -> None:
         for agent, delta in deltas.items():
             extra = {"control_delta": controls[agent]} if controls is not None else {}
-            plain = update(self.engine, agent, round_number, samples=SAMPLES[agent], delta=delta, **extra)
+            plain = update(self.engine, agent, round_number, samples=self.samples[agent], delta=delta, **extra)
             assert self.agents[agent].takes(plain)
 
     def state(self, round_number: int) -> GlobalState:
@@ -261,7 +269,6 @@ def test_top_k_is_refused_at_start_up_with_its_reason() -> None:
 
 @pytest.mark.parametrize("override, named", [
     ({"aggregator": "median"}, "aggregator median"),
-    ({"algorithm": "fedproto"}, "algorithm fedproto"),
     ({"max_norm_ratio": 1.0}, "max_norm_ratio"),
     ({"weighting": "kl"}, "weighting kl"),
     ({"clip_norm": 1.0}, "clip_norm"),

@@ -151,13 +151,14 @@ def test_a_scaffold_agent_without_a_control_delta_sends_nothing(tmp_path: Path) 
     assert fleet.agents["a"].client is None and not fleet.up
 
 
-def test_fedavg_rounds_mask_no_control_and_start_up_still_refuses_fedproto(tmp_path: Path) -> None:
+def test_fedavg_rounds_mask_no_control_and_every_algorithm_starts_securely_on_the_mean(tmp_path: Path) -> None:
     ann = Fleet(tmp_path).announcement()
     assert ann.secure is not None and ann.secure.control_clip is None
     assert ann.secure.families["f"].n_params == 9 + 1
-    with pytest.raises(ValidationError, match="algorithm fedproto cannot run so"):
-        CoordinatorSettings(**{**SECURE, "enrollment": "open", "algorithm": "fedproto"})
     assert CoordinatorSettings(**{**SECURE, "enrollment": "open", **SCAFFOLD}).algorithm == "scaffold"
+    assert CoordinatorSettings(**{**SECURE, "enrollment": "open", "algorithm": "fedproto"}).algorithm == "fedproto"
+    with pytest.raises(ValidationError, match="aggregator median needs every individual update"):
+        CoordinatorSettings(**{**SECURE, "enrollment": "open", "algorithm": "fedproto", "aggregator": "median"})
 
 
 def settling(fleet: Fleet, states: Path | None = None,

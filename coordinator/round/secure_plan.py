@@ -1,0 +1,86 @@
+"""What a secure round's announcement declares (``RoundAnnouncement.secure``): per family its roster, graph,
+threshold, vector length, weight cap and ring, and for the round the grid and the clipping ranges.
+
+A train round is secure when every selected family can start one: under FedAvg, FedProx and SCAFFOLD once the
+family has a global state (its bootstrap round stays plain: seeded weights, nothing learned from data); under
+FedProto from round 1, since the prototypes' layout is the task's (``num_classes`` x ``embedding_dim``) and
+the first prototypes are learned from data already. A family with one selected agent, or too few for the
+threshold, sits out (its agents' plain updates are refused) and the reason is kept for the round's log.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from collections.abc import Mapping
+
+from coordinator.fleet.agents import AgentRecord
+from coordinator.settings import CoordinatorSettings
+from coordinator.strategies.base import FamilyState
+from protocol.compression import CompressionSpec
+from protocol.messages import RoundAnnouncement
+from protocol.secagg.graph import default_degree, default_threshold
+from protocol.secagg.prototype_vector import prototype_length
+from protocol.secagg.ring import GRID_LEVELS, ring_bits
+from protocol.secagg.vector import vector_length
+from protocol.secagg.wire import SecureFamily, SecureSetup
+
+log = logging.getLogger("coordinator.round.engine")
+
+
+def prototype_shape(settings: CoordinatorSettings) -> tuple[int, int] | None:
+    """FedProto: the (classes, embedding dim) every family's prototypes have (the task card's); else None."""
+    if settings.algorithm != "fedproto":
+        return None
+    card = settings.task_card()
+    assert card.embedding_dim is not None  # the settings refuse fedproto on a task without one
+    return card.num_classes, card.embedding_dim
+
+
+def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], announcement: RoundAnnouncement,
+         records: Mapping[str, AgentRecord]) -> tuple[RoundAnnouncement, list[str]]:
+    """(the announcement with its ``secure`` part, or unchanged for a round that stays plain; the families
+    that sit out, and why)."""
+    by_family: dict[str, list[str]] = {}
+    for agent in announcement.selected:
+        by_family.setdefault(records[agent].status.family, []).append(agent)
+    prototypes = prototype_shape(settings)
+    if announcement.task != "train" or (prototypes is None and any(f not in states for f in by_family)):
+        return announcement, []  # evaluation, or a bootstrap round: seeded weights, nothing learned from data
+    s = settings
+    levels = GRID_LEVELS.get(CompressionSpec.parse(s.compression).kind, 0)
+    families, skipped = {}, []
+    # SCAFFOLD's states carry a server control variate: its agents mask their control delta after the
+    # delta, clipped to its own range (gradient units, not weight units: secagg_control_clip).
+    controls = {f: (states[f].control or None) if f in states else None for f in by_family}
+    for family, agents in sorted(by_family.items()):
+        n = len(agents)
+        degree = max(min(s.secagg_degree or default_degree(max(n, 2)), n - 1), 1)
+        degree -= degree % 2 if degree < n - 1 else 0  # below n - 1 a Harary graph needs an even degree
+        threshold = s.secagg_threshold or default_threshold(degree)
+        if n < 2 or threshold > degree:
+            why = ("one selected agent, whose update secure aggregation cannot hide" if n < 2 else
+                   f"{n} selected agents allow {degree} neighbours each, fewer than secagg_threshold {threshold}")
+            skipped.append(f"{family}: {why}")
+            log.warning("round %d: %s sits out (its agents' plain updates are refused): %s", announcement.round,
+                        family, why)
+            continue
+        claims = sorted(records[a].status.num_samples for a in agents)
+        cap = min(claims[-1], s.max_samples_per_update)
+        if s.claim_cap_multiple:
+            cap = min(cap, math.ceil(claims[n // 2] * s.claim_cap_multiple))
+        length = (prototype_length(*prototypes) if prototypes is not None
+                  else vector_length(states[family].weights, controls[family]))
+        families[family] = SecureFamily(
+            roster=sorted(agents), graph_seed=secrets.token_bytes(32), degree=degree, threshold=threshold,
+            n_params=length, weight_cap=max(cap, 1), ring_bits=ring_bits(levels, n) if levels else 32)
+    control_clip = s.secagg_control_clip if any(controls[f] for f in families) else None
+    # Normalised prototypes are means of unit vectors: every value lies within 1, a finer grid than the clip's.
+    clip = (1.0 if s.proto_normalize else s.secagg_prototype_clip) if prototypes is not None else s.secagg_clip
+    setup = SecureSetup(clip=clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
+                        unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip)
+    # The compression moves into the ring (the grid and ring_bits above): agents mask the quantised
+    # delta and send no packed arrays, so the announcement asks for none.
+    return announcement.model_copy(update={"secure": setup, "compression": "none"}), skipped
+
