@@ -69,12 +69,16 @@ class Variant:
     """Outside the paper: each step's correction c - c_i is scaled, per tensor, to at most the step's gradient norm."""
     damping: float = 1.0
     """Outside the paper: c_i moves only this fraction of the way to option II's new value."""
+    server_lr: float = 1.0
+    """The paper's global step size eta_g: x += eta_g * mean(y_i - x) (its experiments use 1)."""
 
 
 VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
             Variant("scaffold-II-paper", True, False), Variant("scaffold-I", True, True, "I"))
 EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
-               Variant("scaffold-II-damped", True, True, damping=0.5))
+               Variant("scaffold-II-damped", True, True, damping=0.5),
+               Variant("fedavg-eta0.5", False, True, server_lr=0.5),
+               Variant("scaffold-II-eta0.5", True, True, server_lr=0.5))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
@@ -112,7 +116,9 @@ class Reference:
                 deltas.append({k: y[k] - x[k] for k in x})
                 control_deltas.append({k: new_control[k] - controls[i][k] for k in names})
                 controls[i] = new_control
-            x = {k: x[k] + sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) for k in x}
+            step = variant.server_lr
+            x = {k: x[k] + step * sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) if k in c
+                 else x[k] + sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) for k in x}
             if variant.corrected:
                 c = {k: c[k] + sum(float(w) * d[k] for w, d in zip(weights, control_deltas, strict=True)) for k in names}
             curve.append(100 * self.accuracy(x))

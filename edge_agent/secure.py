@@ -18,7 +18,9 @@ whether its input was counted: named among the survivors and the family's state 
 round, as the next announcement shows (``settle``). A caller rolls the variate back on False. What it
 must settle (the round, and whether the unmasking request named it) is kept in the state directory
 (``PENDING``), so a restart before the next announcement does not lose it; an agent that restarts between
-uploading and the unmasking request never learns whether it was named, and is settled as not named.
+uploading and the unmasking request learns whether it was named from the request, if its broker session
+delivers it after the restart (it cannot reveal, but its neighbours' shares rebuild its self-mask); one that
+misses the request is settled as not named.
 
 Called only from the agent's loop thread (``edge_agent.agent``), like the rest of its state.
 """
@@ -135,6 +137,8 @@ class SecureParticipant:
         if parsed.stage not in ("keys", "inbox", "unmask"):
             return
         message: Message = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], _RELAY_LIMITS, trust).message
+        if isinstance(message, SecureUnmask) and message.family == self.family:
+            self._note_survivors(message)
         if self.client is None or self.round != (getattr(message, "run_id", None), parsed.round):
             return  # another round's, or a round this agent is not part of
         if isinstance(message, SecureKeys) and message.family == self.family:
@@ -191,9 +195,15 @@ class SecureParticipant:
         response = self.client.unmask(UnmaskRequest(frozenset(message.survivors)))
         self._send("reveal", SecureReveal(run_id=self.round[0], round=self.round[1], agent_id=self.agent_id,
                                           self_mask_shares=response.self_mask_shares, key_shares=response.key_shares))
-        self.client = None
-        self._named = self._answered == self.round
-        self._keep_pending()
+        self.client = None  # whether it was named is noted as the request came (``_note_survivors``)
+
+    def _note_survivors(self, message: SecureUnmask) -> None:
+        """Whether the unmasking request of the round this agent answered names it: its input is then in the sum (its
+        self-mask rebuilt from its neighbours' shares if it cannot reveal), even when this process has no session
+        left to reveal with (it restarted after uploading, or its session aborted after)."""
+        if self._answered == (message.run_id, message.round) and not self._named:
+            self._named = self.agent_id in message.survivors
+            self._keep_pending()
 
     def settle(self, ann: RoundAnnouncement) -> None:
         """The first later announcement of the run tells whether the answered round's sum became the state: the

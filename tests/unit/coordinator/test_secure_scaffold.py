@@ -239,3 +239,28 @@ def test_a_restart_after_revealing_still_settles_the_round(tmp_path: Path) -> No
         participant.begin(following)
     assert sorted(calls) == [("a", 2, True), ("b", 2, True), ("c", 2, False), ("d", 2, True)]
     assert not any((tmp_path / "agents" / a / "secagg-pending.json").exists() for a in AGENTS)  # settled once
+
+
+def test_an_agent_restarted_between_uploading_and_the_unmasking_request_learns_it_was_counted(tmp_path: Path) -> None:
+    """Its session died with the process, so it cannot reveal; its neighbours' shares rebuild its self-mask, and the
+    request its broker session delivers after the restart names it: its variate step stands."""
+    fleet = scaffold_fleet(tmp_path)
+    calls = settling(fleet, tmp_path / "agents")
+    ann = fleet.announcement()
+    for participant in fleet.agents.values():
+        participant.begin(ann)
+    fleet.pump()
+    fleet.train(deltas(12), controls=control_deltas(13))
+    fleet.agents["a"] = SecureParticipant(  # a restarts with its masked input uploaded, before the request
+        "a", "f", TOPICS, lambda t, p: fleet.up.append((t, p)), lambda b: b,
+        settled=lambda run, number, counted: calls.append(("a", number, counted)),
+        state=AgentStateDir(tmp_path / "agents" / "a"))
+    fleet.pump()
+    summary = fleet.engine.last_summary
+    assert (summary.round, summary.outcome) == (2, "completed"), summary
+    assert summary.secure["families"]["f"]["recovered"]["self_masks"] == ["a"]
+    fleet.engine.tick()
+    following = fleet.announcement()
+    for participant in fleet.agents.values():
+        participant.begin(following)
+    assert sorted(calls) == [(a, 2, True) for a in AGENTS]
