@@ -1,10 +1,10 @@
 """What a secure round's announcement declares (``RoundAnnouncement.secure``): per family its roster, graph,
 threshold, vector length, weight cap and ring, and for the round the grid and the clipping ranges.
 
-A train round is secure when every selected family can start one: under FedAvg, FedProx and SCAFFOLD once the
-family has a global state (its bootstrap round stays plain: seeded weights, nothing learned from data); under
+A family runs a session in a train round under FedAvg, FedProx and SCAFFOLD once it has a global state (its
+bootstrap stays plain: seeded weights, nothing learned from data, beside the other families' sessions); under
 FedProto from round 1, since the prototypes' layout is the task's (``num_classes`` x ``embedding_dim``) and
-the first prototypes are learned from data already. A family with one selected agent, or too few for the
+the first prototypes are learned from data already. A round with no session is plain. A family with one selected agent, or too few for the
 threshold, sits out (its agents' plain updates are refused) and the reason is kept for the round's log.
 """
 
@@ -46,8 +46,12 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     for agent in announcement.selected:
         by_family.setdefault(records[agent].status.family, []).append(agent)
     prototypes = prototype_shape(settings)
-    if announcement.task != "train" or (prototypes is None and any(f not in states for f in by_family)):
-        return announcement, []  # evaluation, or a bootstrap round: seeded weights, nothing learned from data
+    # A family without a global state bootstraps: its agents send the seeded initial weights, nothing learned from
+    # data, in the clear (the policy accepts those alone). The others still run their sessions: a device that
+    # claims a new family must not turn the round plain for everyone.
+    by_family = {f: agents for f, agents in by_family.items() if prototypes is not None or f in states}
+    if announcement.task != "train" or not by_family:
+        return announcement, []  # evaluation, or every family bootstraps
     s = settings
     levels = GRID_LEVELS.get(CompressionSpec.parse(s.compression).kind, 0)
     families, skipped = {}, []

@@ -11,11 +11,12 @@ from pydantic import ValidationError
 
 from coordinator.settings import CoordinatorSettings
 from edge_agent.secure import SecureParticipant
-from protocol.messages import GlobalState, RoundAnnouncement
+from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.secagg.vector import quantiser
 from protocol.secagg.wire import SecureMasked, SecureReveal
 from protocol.security.trust import OPEN
 from protocol.wire import decode_message
+from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, send, update, weights
 
 AGENTS = ("a", "b", "c", "d")
@@ -224,6 +225,50 @@ def test_late_and_plain_answers_are_refused(tmp_path: Path) -> None:
     fleet.train(late)  # b's masked input after its stage closed
     fleet.pump()
     assert rejected(fleet.metrics, "late", kind="secagg") == 1
+
+
+def test_a_new_family_bootstraps_in_the_clear_beside_the_secure_session(tmp_path: Path) -> None:
+    """A device claiming a family without a state must not turn the round plain for everyone: f's session runs,
+    the new family's seeded weights come plainly, and only those (its deltas could not come before a state)."""
+    fleet = Fleet(tmp_path, rounds=4)
+    for agent, samples in (("g1", 12), ("g2", 18)):  # they join during round 2, for round 3
+        hello(fleet.engine, agent, family="g", samples=samples)
+        fleet.agents[agent] = SecureParticipant(agent, "g", TOPICS, lambda t, p: fleet.up.append((t, p)), lambda b: b)
+    second = fleet.announcement()
+    for agent in AGENTS:
+        fleet.agents[agent].begin(second)
+    fleet.pump()
+    fleet.train(deltas(4))
+    fleet.pump()
+    assert (fleet.engine.last_summary.round, fleet.engine.last_summary.outcome) == (2, "completed")
+    fleet.engine.tick()
+    ann, base = fleet.announcement(), fleet.state(3)
+    assert ann.round == 3 and sorted(ann.selected) == sorted([*AGENTS, "g1", "g2"])
+    assert ann.secure is not None and sorted(ann.secure.families) == ["f"]
+    for participant in fleet.agents.values():
+        participant.begin(ann)
+    fleet.pump()
+    sent = deltas(5)
+    fleet.train(sent, round_number=3)
+    for agent in ("g1", "g2"):
+        proposal = Update(run_id=fleet.engine.run.run_id, agent_id=agent, round=3, task="train", task_ref=DIGITS,
+                          family="g", base_digest=None, num_samples=10, metrics=TrainMetrics(), weights=weights(3.0))
+        assert not fleet.agents[agent].takes(proposal)  # no session for g: its agent sends it plainly
+        send(fleet.engine, proposal)
+    smuggled = Update(run_id=fleet.engine.run.run_id, agent_id="g1", round=3, task="train", task_ref=DIGITS,
+                      family="g", base_digest=None, num_samples=10, metrics=TrainMetrics(), delta=weights(0.5))
+    send(fleet.engine, smuggled)  # a delta in the clear is refused in a secure round, whatever the family
+    assert rejected(fleet.metrics, "secure_only") == 1
+    fleet.pump()
+    summary = fleet.engine.last_summary
+    assert (summary.round, summary.outcome, summary.answered) == (3, "completed", 6), summary
+    fleet.engine.tick()
+    for name, mean in plain_mean(sent, 2.0).items():
+        np.testing.assert_allclose(fleet.state(4).weights[name] - base.weights[name], mean, atol=1e-6)
+    new_family = decode_message(fleet.outbox.last(TOPICS.global_state("g", 4)), GlobalState)
+    np.testing.assert_array_equal(new_family.weights["w"], weights(3.0)["w"])  # the agreed proposal, exactly
+    following = fleet.announcement()
+    assert following.round == 4 and sorted(following.secure.families) == ["f", "g"]  # g secure from now on
 
 
 def test_a_reveal_of_both_shares_for_one_agent_does_not_decode() -> None:
