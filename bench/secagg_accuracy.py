@@ -45,6 +45,13 @@ PASS. Rounds 0.96 s plain, 1.05 s secure (1.09x). Probe: largest |value| 1.24 fr
 from the final personal ones, none over the clip 8. Three classes per agent on digits leave little to learn
 (99.5%): the bench shows the secure path costs nothing, not that FedProto helps.
 
+``--noise z --clip-norm C``: the secure FedAvg run adds distributed DP (``secagg_noise_multiplier``,
+``secagg_dp_clip_norm``); the table's last line gives the coordinator's epsilon. Measured (2026-12-03, the full
+plan, C 1.5 from the probe's largest L2 norm 1.33 of a round-1 delta): plain 96.66%; z 0.1: 88.30% (epsilon 1231),
+z 0.3: 47.35% (epsilon 176), z 1: 10.03% (epsilon 29), 19 noisy sums at delta 1e-5. Ten agents cannot hide a
+useful signal: the noise on the mean is z C / sum(w) per value, against deltas of norm about 1 spread over
+every parameter; central DP of this kind needs hundreds of agents a round.
+
 Exits 1 if a run fails a round or the secure run aggregated a training round in the clear; the
 accuracy goal (|secure - plain| <= 0.5 points) is printed PASS/MISS, and timings never fail it.
 """
@@ -97,6 +104,10 @@ class Plan:
     """secagg_stage_s: each stage closes as soon as every agent answered; this is only its deadline."""
     batch_size: int = 16
     algorithm: str = "fedavg"
+    noise: float = 0.0
+    """Distributed DP in the secure run: secagg_noise_multiplier (0: none)."""
+    clip_norm: float = 1.0
+    """secagg_dp_clip_norm: the L2 bound of each agent's delta under noise."""
 
     @property
     def name(self) -> str:
@@ -151,6 +162,8 @@ def settings(plan: Plan, secure: bool) -> TrainConfig:
         # federated() sets round_deadline_s to its timeout (an hour): far above 2 x secagg_stage_s.
         clip = "secagg_prototype_clip" if plan.algorithm == "fedproto" else "secagg_clip"
         params |= {"secure_aggregation": True, clip: plan.clip, "secagg_stage_s": plan.stage_s}
+        if plan.noise:
+            params |= {"secagg_noise_multiplier": plan.noise, "secagg_dp_clip_norm": plan.clip_norm}
     return replace(train, params=params)
 
 
@@ -173,12 +186,13 @@ def final_weights(workdir: Path, family: str) -> dict[str, np.ndarray] | None:
     return weights if isinstance(weights, dict) else None
 
 
-def clip_probe(plan: Plan, fleet: FleetConfig, weights: dict[str, np.ndarray] | None) -> tuple[float, float]:
-    """(largest |delta value|, share of values over the clip) of every agent training once from ``weights``
-    (None: the initial model) with the run's settings; what the secure run's agents clip is of this kind."""
+def clip_probe(plan: Plan, fleet: FleetConfig, weights: dict[str, np.ndarray] | None) -> tuple[float, float, float]:
+    """(largest |delta value|, share of values over the clip, largest L2 norm of a delta) of every agent training
+    once from ``weights`` (None: the initial model) with the run's settings; what the secure run's agents clip (and
+    under distributed DP scale to secagg_dp_clip_norm) is of this kind."""
     task = resolve_task(TASK)
     hyper = settings(plan, False)
-    largest, over, total = 0.0, 0, 0
+    largest, over, total, norm = 0.0, 0, 0, 0.0
     with tempfile.TemporaryDirectory(prefix="secagg-probe-") as tmp:
         for i in range(plan.agents):
             local = build_local_data(task, partition=fleet.partition, num_partitions=plan.agents, partition_index=i,
@@ -191,16 +205,19 @@ def clip_probe(plan: Plan, fleet: FleetConfig, weights: dict[str, np.ndarray] | 
             training = LocalTraining(epochs=hyper.local_epochs, learning_rate=hyper.learning_rate,
                                      momentum=hyper.momentum or 0.0)
             train_local(model, local.train, training, plan.batch_size, CPU, hooks, seed=i, objective=task.objective)
+            squares = 0.0
             for name, value in model.state_dict().items():
                 if value.dtype.is_floating_point:
                     delta = (value - before[name]).abs()
                     largest = max(largest, float(delta.max()))
                     over += int((delta > plan.clip).sum())
                     total += delta.numel()
-    return largest, over / max(total, 1)
+                    squares += float((delta.double() ** 2).sum())
+            norm = max(norm, squares ** 0.5)
+    return largest, over / max(total, 1), norm
 
 
-def prototype_probe(plan: Plan, fleet: FleetConfig, workdir: Path | None) -> tuple[float, float]:
+def prototype_probe(plan: Plan, fleet: FleetConfig, workdir: Path | None) -> tuple[float, float, float]:
     """(largest |prototype value|, share of values over the clip) of every agent's class prototypes from the
     initial model (``workdir`` None) or from its personal model at the end of the plain run in ``workdir``."""
     task = resolve_task(TASK)
@@ -226,7 +243,7 @@ def prototype_probe(plan: Plan, fleet: FleetConfig, workdir: Path | None) -> tup
         largest = max(largest, float(rows.max()))
         over += int((rows > plan.clip).sum())
         total += rows.size
-    return largest, over / max(total, 1)
+    return largest, over / max(total, 1), float("nan")
 
 
 def render(plain: Run, secure: Run, plan: Plan) -> list[str]:
@@ -243,6 +260,13 @@ def render(plain: Run, secure: Run, plan: Plan) -> list[str]:
               f"({secure.round_s:.2f} s vs {plain.round_s:.2f} s per round)",
               f"{'PASS' if abs(diff) <= GOAL_POINTS else 'MISS'}  secure {plan.name} within {GOAL_POINTS} points of plain "
               f"{plan.name} after {plan.rounds} rounds: {diff:+.2f} points"]
+    noisy = [r.secure["noise"] for r in secure.trained if r.secure and r.secure.get("noise")]
+    if plan.noise:
+        last = noisy[-1] if noisy else None
+        lines.append("distributed DP: no noisy sum was released" if last is None else
+                     f"distributed DP: noise multiplier {last['noise_multiplier']:g}, clip norm {last['clip_norm']:g}, "
+                     f"split {last['shares']} ways; epsilon {last['epsilon']:.4g} at delta {last['delta']:g} after "
+                     f"{last['rounds']} noisy sums (no sampling amplification claimed)")
     return lines
 
 
@@ -258,10 +282,11 @@ def failures(plain: Run, secure: Run) -> list[str]:
     return out
 
 
-def run(quick: bool, clip: float | None, algorithm: str = "fedavg") -> int:
+def run(quick: bool, clip: float | None, algorithm: str = "fedavg", noise: float = 0.0,
+        clip_norm: float = 1.0) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)  # many agents share the cores: more threads only thrash
-    plan = plan_for(quick, clip, algorithm)
+    plan = replace(plan_for(quick, clip, algorithm), noise=noise, clip_norm=clip_norm)
     fleet = fleet_for(plan)
     proto = algorithm == "fedproto"
     split = (f"{CLASSES_PER_AGENT} classes/agent, families of {', '.join(PROTO_DEVICES)}" if proto else
@@ -271,7 +296,9 @@ def run(quick: bool, clip: float | None, algorithm: str = "fedavg") -> int:
     print(f"# secure vs plain {plan.name} ({'quick' if quick else 'full'}): {TASK}, {plan.family or 'three families'}, "
           f"{plan.agents} agents (all per round), {split}, {plan.rounds} rounds, lr {train.learning_rate:g} momentum "
           f"{train.momentum:g} {train.local_epochs} local epochs batch {plan.batch_size}; {clip_name} {plan.clip:g}, "
-          f"secagg_stage_s {plan.stage_s:g}; bounds off; torch {torch.__version__}")
+          f"secagg_stage_s {plan.stage_s:g}; bounds off"
+          f"{f'; secagg_noise_multiplier {plan.noise:g}, secagg_dp_clip_norm {plan.clip_norm:g}' if plan.noise else ''}"
+          f"; torch {torch.__version__}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="secagg-accuracy-") as tmp:
         workdir = Path(tmp)
@@ -290,10 +317,11 @@ def run(quick: bool, clip: float | None, algorithm: str = "fedavg") -> int:
     print()
     for line in render(plain, secure, plan):
         print(line)
-    for where, (largest, share) in probes:
+    for where, (largest, share, norm) in probes:
         what = "prototypes of every agent from its" if proto else "every agent training once from the"
+        l2 = "" if np.isnan(norm) else f"; largest L2 norm {norm:.4f}"
         print(f"clip probe, {what} {where}: largest |{'value' if proto else 'delta'}| {largest:.4f}, "
-              f"{share:.4%} of values over the clip {plan.clip:g}")
+              f"{share:.4%} of values over the clip {plan.clip:g}{l2}")
     if last is None:
         print("clip probe from the final model: skipped (no global state found in the plain run's checkpoint)")
     problems = failures(plain, secure)

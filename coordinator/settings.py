@@ -14,6 +14,7 @@ from coordinator.strategies.registry import ALGORITHMS
 from protocol.compression import COMPRESSORS, CompressionSpec, state_compressors
 from protocol.compression.registry import described
 from protocol.messages import MAX_AGENTS_PER_ROUND
+from protocol.secagg.accounting import affordable_rounds
 from protocol.secagg.ring import GRID_LEVELS, RING_BITS, ring_bits
 from protocol.tasks import TaskCard, load_task_card
 from protocol.topics import check_identifier
@@ -168,6 +169,15 @@ class CoordinatorSettings(BrokerSettings):
     secagg_prototype_clip: float = Field(default=8.0, gt=0.0, le=1e6, allow_inf_nan=False, description=(
         "secure aggregation under fedproto: agents clip every prototype value (embedding units) to [-clip, clip] "
         "before quantising"))
+    secagg_noise_multiplier: float = Field(default=0.0, ge=0.0, le=1000.0, allow_inf_nan=False, description=(
+        "distributed DP under secure aggregation: each round's sum carries Gaussian noise of this many times "
+        "secagg_dp_clip_norm, added in shares by the agents; 0: none (docs/privacy.md)"))
+    secagg_dp_clip_norm: float = Field(default=1.0, gt=0.0, le=1e6, allow_inf_nan=False, description=(
+        "distributed DP: agents bound the L2 norm of their delta by this before weighing and noising it"))
+    secagg_dp_delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description=(
+        "distributed DP: the delta of the (epsilon, delta) the coordinator reports"))
+    secagg_dp_target_epsilon: float | None = Field(default=None, gt=0.0, le=1e4, description=(
+        "distributed DP: refuse to start a run whose secure rounds could spend more epsilon; unset: report only"))
     secagg_stage_s: float = Field(default=15.0, gt=0.0, le=3600.0, allow_inf_nan=False, description=(
         "secure aggregation: seconds for advertising keys, for sharing them, and for the unmasking answers"))
     enrollment: Literal["required", "open"] = Field(default="required", description=(
@@ -248,6 +258,9 @@ class CoordinatorSettings(BrokerSettings):
                              f"and FedProto's prototypes assume every update starts from the same round")
         if self.mode == "async" and self.over_selection:
             raise ValueError("over_selection has no effect with mode async: every available agent is selected")
+        if self.secagg_noise_multiplier and not self.secure_aggregation:
+            raise ValueError("secagg_noise_multiplier adds distributed DP noise to secure rounds' sums: it needs "
+                             "secure_aggregation (without it, agents' device-side DP-SGD keeps updates private)")
         problem = secure_problem(self)
         if problem is not None:
             raise ValueError(problem)
@@ -276,6 +289,27 @@ class CoordinatorSettings(BrokerSettings):
 # -- secure aggregation: what it refuses at start-up, and why ----------------------------------------
 # Each of these needs something the coordinator no longer has under SecAgg+: an individual update, or one
 # agent's norm or label distribution (coordinator/round/secure.py, coordinator/policies/secure.py).
+def noise_problem(settings: CoordinatorSettings) -> str | None:
+    """Why distributed DP (``secagg_noise_multiplier``) cannot run with ``settings``; None if it can (or is off)."""
+    s = settings
+    if not s.secagg_noise_multiplier:
+        return None
+    if s.algorithm not in ("fedavg", "fedprox"):
+        return (f"secagg_noise_multiplier noises the delta only: {s.algorithm}'s "
+                f"{'control deltas' if s.algorithm == 'scaffold' else 'prototypes'} would leave without noise")
+    if CompressionSpec.parse(s.compression).kind != "none":
+        return ("secagg_noise_multiplier needs compression none: a coarse grid's rounding depends on the data and "
+                "is not accounted")
+    if s.secagg_dp_target_epsilon is not None:
+        releases = max(s.rounds - 1, 0)  # round 1 bootstraps: seeded weights, nothing learned from data
+        affordable = affordable_rounds(s.secagg_noise_multiplier, s.secagg_dp_delta, s.secagg_dp_target_epsilon)
+        if releases > affordable:
+            return (f"secagg_dp_target_epsilon {s.secagg_dp_target_epsilon:g} (delta {s.secagg_dp_delta:g}) affords "
+                    f"{affordable} secure rounds at secagg_noise_multiplier {s.secagg_noise_multiplier:g}, and rounds "
+                    f"{s.rounds} would release {releases}: lower rounds or raise the noise multiplier")
+    return None
+
+
 def secure_problem(settings: CoordinatorSettings) -> str | None:
     """Why ``settings`` cannot run with ``secure_aggregation`` on, naming the setting; None if they can."""
     s = settings
@@ -308,6 +342,9 @@ def secure_problem(settings: CoordinatorSettings) -> str | None:
         # n agents' values in [-L, L] sum within [-nL, nL]: the ring must hold that without wrapping.
         return (f"{head} compression {kind} puts values in [-{GRID_LEVELS[kind]}, {GRID_LEVELS[kind]}]: "
                 f"{MAX_AGENTS_PER_ROUND} agents' sum could wrap a ring of 2^{RING_BITS}")
+    noise = noise_problem(s)
+    if noise is not None:
+        return f"{head} {noise}"
     if s.secagg_threshold and s.secagg_degree and s.secagg_threshold > s.secagg_degree:
         return f"secagg_threshold {s.secagg_threshold} exceeds secagg_degree {s.secagg_degree}"
     if s.round_deadline_s <= 2 * s.secagg_stage_s:

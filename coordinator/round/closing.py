@@ -133,6 +133,7 @@ def checkpoint(parts: EngineParts, run_id: str, next_round: int, finished: bool,
         "finished": finished, "strategy": parts.strategy.state_dict(), "task": parts.task.state_dict(),
         "versions": parts.versions.state_dict(), "applied": parts.applied.state_dict(),
         "last_summary": None if last_summary is None else last_summary.to_dict(),
+        "central_dp": None if parts.central_ledger is None else parts.central_ledger.state_dict(),
     }, checkpoint=True)
 
 

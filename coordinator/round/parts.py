@@ -24,6 +24,7 @@ from coordinator.round.actions import Actions
 from coordinator.round.publishing import Publisher
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.applied import AppliedVersions
+from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.retained import RetainedStates
 from coordinator.state.versions import VersionLog
 from coordinator.strategies.base import Strategy
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 class SecureStages(Protocol):
     """What the engine, opening a round and routing messages, asks of secure aggregation's driver."""
+
+    ledger: CentralPrivacyLedger | None
+    """Distributed DP's spending, checkpointed with the run (None: no noise)."""
 
     def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
              records: dict[str, AgentRecord]) -> RoundAnnouncement: ...
@@ -89,6 +93,10 @@ class EngineParts:
     """Per site, the newest roster taken and the last resync request (``coordinator/round/rosters.py``)."""
     secure: SecureStages | None = None
     """Secure aggregation's stages (``coordinator/round/secure.py``, set by the engine), with ``secure_aggregation`` on."""
+
+    @property
+    def central_ledger(self) -> CentralPrivacyLedger | None:
+        return self.secure.ledger if self.secure is not None else None
 
     @classmethod
     def build(cls, settings: CoordinatorSettings, strategy: Strategy, metrics: CoordinatorMetrics, *,

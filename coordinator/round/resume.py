@@ -62,10 +62,24 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
                                saved.where)
     parts.versions.load_state_dict(data.get("versions") or {})
     parts.applied.load_state_dict(data.get("applied") or {})  # since 2026-12
+    _resume_ledger(parts, data.get("central_dp"), saved.where)
     parts.versions.record(parts.strategy.states, run.next_round)
     log.info("resumed run %s (epoch %d) at round %d from %s", run.run_id, run.epoch, run.next_round, saved.where)
     parts.actions.add(Resumed(run.last_summary))
     _resume_open_round(parts, run, saved.open_round)
+
+
+def _resume_ledger(parts: EngineParts, state: dict[str, Any] | None, where: object) -> None:
+    """Distributed DP's spending survives restarts; a run that spent without noise on cannot turn it off unnoticed."""
+    ledger = parts.central_ledger
+    if ledger is None:
+        if state is not None and state.get("rounds"):
+            log.warning("checkpoint in %s records %d noisy sums (distributed DP) but secagg_noise_multiplier is 0 now: "
+                        "later rounds' sums carry no noise", where, state["rounds"])
+        return
+    if state is not None:
+        ledger.load_state_dict(state)
+        parts.metrics.secagg_dp_epsilon.set(ledger.epsilon)
 
 
 def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] | None) -> None:

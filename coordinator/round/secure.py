@@ -31,6 +31,7 @@ from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
 from coordinator.round import secure_plan
 from coordinator.settings import CoordinatorSettings
+from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
 from protocol.errors import ProtocolError
 from protocol.messages import RoundAnnouncement, TrainMetrics, Update
@@ -101,6 +102,8 @@ class SecureRounds:
         self.clock = StageClock()
         self.skipped: list[str] = []
         """Families of the round being planned that cannot run a secure session, and why."""
+        self.ledger = CentralPrivacyLedger(settings.secagg_dp_delta) if settings.secagg_noise_multiplier else None
+        """Distributed DP: what the released noisy sums cost (checkpointed with the run)."""
 
     # -- opening ---------------------------------------------------------------------------
     def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
@@ -286,8 +289,24 @@ class SecureRounds:
                                  f"fold unmasked sums")
             self._enter_answered(parts, run, open_round, session, survivors)
         open_round.secure_done = True
+        self._account_noise(parts, open_round)
         log.info("round %d: secure sums unmasked for %s", open_round.number,
                  ", ".join(f"{f} ({len(s.server.survivors)} agents)" for f, s in self.sessions.items()))
+
+    def _account_noise(self, parts: EngineParts, open_round: OpenRound) -> None:
+        """Distributed DP: the sums just released spend one Gaussian mechanism of the announced noise multiplier (at
+        least: a family's sum of n >= shares survivors carries sqrt(n / shares) times more noise)."""
+        noise = self.setup.noise if self.setup is not None else None
+        if noise is None or self.ledger is None or open_round.secure is None:
+            return
+        self.ledger.spend(noise.noise_multiplier)
+        epsilon = self.ledger.epsilon
+        parts.metrics.secagg_dp_epsilon.set(epsilon)
+        open_round.secure["noise"] = {"noise_multiplier": noise.noise_multiplier, "clip_norm": noise.clip_norm,
+                                      "shares": noise.shares, "rounds": self.ledger.rounds,
+                                      "epsilon": round(epsilon, 6), "delta": self.ledger.delta}
+        log.info("round %d: distributed DP: %d noisy sums released, epsilon %.4g at delta %g", open_round.number,
+                 self.ledger.rounds, epsilon, self.ledger.delta)
 
     def _unmask(self, session: Session) -> dict[str, RunningMean] | tuple[np.ndarray, np.ndarray]:
         """A session's unmasked sum: the means of its payloads (``delta``, and ``control_delta`` under SCAFFOLD), or

@@ -6,6 +6,8 @@ bootstrap stays plain: seeded weights, nothing learned from data, beside the oth
 FedProto from round 1, since the prototypes' layout is the task's (``num_classes`` x ``embedding_dim``) and
 the first prototypes are learned from data already. A round with no session is plain. A family with one selected agent, or too few for the
 threshold, sits out (its agents' plain updates are refused) and the reason is kept for the round's log.
+Under distributed DP (``secagg_noise_multiplier``) the setup declares the noise each agent adds, split for the
+smallest threshold, and a grid wide enough for it (``secagg_clip`` gives way to the L2 bound plus the noise).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from protocol.secagg.graph import default_degree, default_threshold
 from protocol.secagg.prototype_vector import prototype_length
 from protocol.secagg.ring import GRID_LEVELS, ring_bits
 from protocol.secagg.vector import vector_length
-from protocol.secagg.wire import SecureFamily, SecureSetup
+from protocol.secagg.wire import SecureFamily, SecureNoise, SecureSetup
 
 log = logging.getLogger("coordinator.round.engine")
+NOISE_SIGMAS = 7.0
 
 
 def prototype_shape(settings: CoordinatorSettings) -> tuple[int, int] | None:
@@ -82,8 +85,16 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     control_clip = s.secagg_control_clip if any(controls[f] for f in families) else None
     # Normalised prototypes are means of unit vectors: every value lies within 1, a finer grid than the clip's.
     clip = (1.0 if s.proto_normalize else s.secagg_prototype_clip) if prototypes is not None else s.secagg_clip
+    noise = None
+    if s.secagg_noise_multiplier and families:
+        # Split for the fewest survivors any family's sum may have; the grid holds the L2-bounded values and the
+        # agent's noise to NOISE_SIGMAS of its standard deviation (a value beyond is clipped: ~1e-12 of them).
+        noise = SecureNoise(noise_multiplier=s.secagg_noise_multiplier, clip_norm=s.secagg_dp_clip_norm,
+                            shares=min(f.threshold for f in families.values()))
+        clip = s.secagg_dp_clip_norm + NOISE_SIGMAS * noise.agent_std
     setup = SecureSetup(clip=clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
-                        unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip)
+                        unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip,
+                        noise=noise)
     # The compression moves into the ring (the grid and ring_bits above): agents mask the quantised
     # delta and send no packed arrays, so the announcement asks for none.
     return announcement.model_copy(update={"secure": setup, "compression": "none"}), skipped

@@ -127,6 +127,8 @@ class CoordinatorMetrics:
                                        "secure-aggregation stage but not in this one", ["stage"], registry=r)
         self.secagg_bytes = Counter("fl_secagg_bytes_total", "Payload bytes of secure-aggregation stage messages, "
                                     "by stage and direction", ["stage", "direction"], registry=r)
+        self.secagg_dp_epsilon = Gauge("fl_secagg_dp_epsilon", "Distributed DP: epsilon spent by the noisy sums "
+                                       "secure rounds released (at secagg_dp_delta)", registry=r)
         self.staleness = Histogram("fl_update_staleness_versions",
                                    "Global versions published between an accepted update's base and its arrival "
                                    "(asynchronous rounds; 0 in synchronous ones)", buckets=_STALENESS_BUCKETS,

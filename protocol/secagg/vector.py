@@ -9,11 +9,14 @@ element w * clip. Quantised with ``Quantiser(clip, len(roster), ring_bits, level
 the finest, or int8's or fp16's, ``protocol.secagg.ring``) the ring sum of every survivor reads back
 exactly as the integer sum, so the coordinator gets sum(w_i x_i) (and sum(w_i dc_i)) and sum(w_i),
 divides, and never sees one agent's values. The masked input travels as its low ``ring_bits`` bits
-(``pack_masked``). Integer arrays (counters) are not averaged: their delta is 0.
+(``pack_masked``). Integer arrays (counters) are not averaged: their delta is 0. Under distributed DP
+(``setup.noise``) the delta is first scaled to L2 norm at most ``clip_norm``, and after weighing every value but
+the weight gets Gaussian noise of standard deviation ``noise.agent_std``.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 
 import numpy as np
@@ -63,13 +66,22 @@ def _control_scale(setup: SecureSetup, control: bool) -> float:
 
 
 def encode_input(delta: Mapping[str, np.ndarray], setup: SecureSetup, family: SecureFamily, samples: int,
-                 control: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 control: Mapping[str, np.ndarray] | None = None,
+                 rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the float64 vector before quantising, its uint32 ring form) of one agent's delta, and of its control
-    delta when the round masks one (``setup.control_clip`` set: SCAFFOLD)."""
+    delta when the round masks one (``setup.control_clip`` set: SCAFFOLD). Under ``setup.noise`` (distributed DP)
+    the delta's L2 norm is bounded first and the weighted values get this agent's share of the noise, drawn
+    from ``rng`` (default: seeded from the OS's random source)."""
     scale = _control_scale(setup, control is not None)
     weight = agent_weight(samples, family.weight_cap)
-    parts = [np.clip(np.asarray(delta[n], dtype=np.float64).reshape(-1), -setup.clip, setup.clip)
-             for n in float_names(delta)]
+    values = [np.asarray(delta[n], dtype=np.float64).reshape(-1) for n in float_names(delta)]
+    if setup.noise is not None:
+        if control is not None:
+            raise ValueError("the round adds noise to the delta only: it cannot mask a control delta beside it")
+        norm = float(np.sqrt(sum(float(np.dot(v, v)) for v in values)))
+        if norm > setup.noise.clip_norm:
+            values = [v * (setup.noise.clip_norm / norm) for v in values]
+    parts = [np.clip(v, -setup.clip, setup.clip) for v in values]
     if control is not None:
         bound = setup.clip / scale  # control_clip
         parts += [np.clip(np.asarray(control[n], dtype=np.float64).reshape(-1), -bound, bound) * scale
@@ -77,6 +89,9 @@ def encode_input(delta: Mapping[str, np.ndarray], setup: SecureSetup, family: Se
     plain = np.concatenate([*parts, np.array([setup.clip], dtype=np.float64)]) * weight
     if plain.size != family.n_params:
         raise ValueError(f"the update has {plain.size - 1} floating values, the round declares {family.n_params - 1}")
+    if setup.noise is not None:  # not on the weight: sample counts are public (statuses), the sum of weights too
+        noise_rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+        plain[:-1] += noise_rng.normal(0.0, setup.noise.agent_std, plain.size - 1)
     return plain, quantiser(setup, family).quantise(plain)
 
 

@@ -52,6 +52,22 @@ class SecureFamily(WireModel):
         return self
 
 
+class SecureNoise(WireModel):
+    """Distributed DP (``SecureSetup.noise``): each agent bounds its delta's L2 norm by ``clip_norm`` before weighing
+    it, then adds Gaussian noise of standard deviation noise_multiplier x clip_norm / sqrt(shares) to every value,
+    so that the sum of any ``shares`` survivors carries noise_multiplier x clip_norm (docs/privacy.md)."""
+
+    noise_multiplier: float = Field(gt=0.0, le=1000.0)
+    clip_norm: float = Field(gt=0.0, le=1e6)
+    shares: int = Field(ge=1, le=MAX_DEGREE)
+    """The fewest survivors a family's sum may have (its threshold): the noise is split this many ways."""
+
+    @property
+    def agent_std(self) -> float:
+        """Standard deviation of the noise one agent adds to each value."""
+        return float(self.noise_multiplier * self.clip_norm / self.shares ** 0.5)
+
+
 class SecureSetup(WireModel):
     """In ``RoundAnnouncement.secure``: the round is securely aggregated; stage deadlines are seconds
     after ``issued_at`` (the masked inputs are due by ``deadline_s``, the reveals ``unmask_s`` later)."""
@@ -69,6 +85,8 @@ class SecureSetup(WireModel):
     control_clip: float | None = Field(default=None, gt=0.0, le=1e6)
     """SCAFFOLD: every value of an agent's control-variate delta (gradient units, not weight units) is clipped
     on the device to [-control_clip, control_clip] and masked after its delta; None: no control delta is masked."""
+    noise: SecureNoise | None = None
+    """Distributed DP: the noise each agent adds before masking; None: none (device-side DP-SGD is separate)."""
 
     @model_validator(mode="after")
     def _rings(self) -> SecureSetup:

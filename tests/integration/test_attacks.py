@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
 from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
@@ -125,6 +125,11 @@ class Attacker:
                                   protocol=paho.MQTTv311)
         self.client.max_inflight_messages_set(1000)
         self.client.reconnect_delay_set(0.05, 0.5)
+        self.acknowledged: set[int] = set()
+        """Message ids the broker acknowledged (QoS 1), from paho's thread: a publish made just as the broker dropped
+        the connection for an earlier refused one reports 'not connected' but stays queued, and goes out again
+        once paho reconnects; its acknowledgement then lands here."""
+        self.client.on_publish = lambda client, userdata, mid, reason, properties: self.acknowledged.add(mid)
         if setting.secured:
             ca, cert, key = setting.tls["mallory"]
             self.client.tls_set(ca_certs=str(ca), certfile=str(cert), keyfile=str(key), cert_reqs=ssl.CERT_REQUIRED)
@@ -140,9 +145,11 @@ class Attacker:
         if allowed:
             wait_until(self.client.is_connected, 30, "the attacker to (re)connect")
         info = self.client.publish(topic, payload, qos=1 if allowed else 0, retain=retain)
-        if allowed:
+        if allowed and info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
             info.wait_for_publish(30)
             assert info.is_published(), topic
+        elif allowed:  # queued while paho reconnects: it goes out again, and is acknowledged, once it has
+            wait_until(lambda: info.mid in self.acknowledged, 30, f"the broker to acknowledge {topic}")
 
     def both(self, topic: str, message: object, *, retain: bool = False) -> None:
         """The message unsigned, then signed with the attacker's own key."""

@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from protocol.secagg.accounting import epsilon_of, gaussian_rdp
 from tests.bench_runner import run_bench
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -18,11 +19,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROUNDS = 3  # the quick plan's; under FedAvg round 1 is the bootstrap (seeded weights, plain by design)
 
 
-@pytest.mark.parametrize("algorithm, name, plain_first", [("fedavg", "FedAvg", 1), ("fedproto", "FedProto", 0)])
+@pytest.mark.parametrize("algorithm, name, plain_first, noise", [
+    ("fedavg", "FedAvg", 1, None), ("fedproto", "FedProto", 0, None), ("fedavg", "FedAvg", 1, 2.0)],
+    ids=["fedavg", "fedproto", "fedavg-distributed-dp"])
 def test_secagg_accuracy_bench_quick_runs_plain_and_secure_into_one_table(algorithm: str, name: str,
-                                                                          plain_first: int) -> None:
-    """``plain_first``: FedAvg's round 1 bootstraps in the clear (seeded weights); FedProto's is secure already."""
-    out = run_bench("secagg.py", "--accuracy", "--quick", "--algorithm", algorithm, timeout_s=600)
+                                                                          plain_first: int, noise: float | None) -> None:
+    """``plain_first``: FedAvg's round 1 bootstraps in the clear (seeded weights); FedProto's is secure already.
+    ``noise``: the secure run adds distributed DP noise (4 agents: it learns nothing, so only the plain run's
+    accuracy is asserted; the ledger's epsilon is, for its 2 noisy sums)."""
+    extra = ["--noise", str(noise), "--clip-norm", "1.0"] if noise else []
+    out = run_bench("secagg.py", "--accuracy", "--quick", "--algorithm", algorithm, *extra, timeout_s=600)
     rows = re.findall(rf"^\| (plain|secure) {name} \| (\d+\.\d\d)% \| (\d+)/(\d+) \| (\d+)/(\d+) \| [\d.]+ \| \d+ \|$",
                       out, re.MULTILINE)
     assert [r[0] for r in rows] == ["plain", "secure"], out
@@ -30,7 +36,13 @@ def test_secagg_accuracy_bench_quick_runs_plain_and_secure_into_one_table(algori
     for mode, _, done, trained, secure, of in rows:
         assert int(done) == int(trained) == int(of) == ROUNDS, (mode, out)
         assert int(secure) == (ROUNDS - plain_first if mode == "secure" else 0), (mode, out)
-    assert all(10.0 < a <= 100.0 for a in accuracy.values()), out  # both learned past chance (10 classes)
+    learned = ["plain"] if noise else ["plain", "secure"]
+    assert all(10.0 < accuracy[mode] <= 100.0 for mode in learned), out  # past chance (10 classes)
+    if noise:
+        dp = re.search(r"^distributed DP: noise multiplier ([\d.]+), clip norm 1, split (\d+) ways; epsilon ([\d.]+) at "
+                       r"delta 1e-05 after 2 noisy sums", out, re.MULTILINE)
+        assert dp and float(dp.group(1)) == noise, out
+        assert float(dp.group(3)) == pytest.approx(epsilon_of(gaussian_rdp(noise, 2), 1e-5)[0], rel=1e-3), out
     difference = re.search(r"^difference secure - plain: ([+-]\d+\.\d\d) points", out, re.MULTILINE)
     assert difference, out
     assert abs(float(difference.group(1)) - (accuracy["secure"] - accuracy["plain"])) <= 0.02, out
