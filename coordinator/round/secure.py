@@ -1,7 +1,8 @@
 """Secure rounds (SecAgg+) over the broker: the coordinator relays the stages and learns only the sum.
 
-A train round is announced with ``RoundAnnouncement.secure`` as ``secure_plan`` decides (once every family has a
-global state; FedProto from round 1); bootstrap and evaluation rounds stay plain (seeded weights and metrics).
+A train round is announced with ``RoundAnnouncement.secure`` as ``secure_plan`` decides (a family takes part once it
+has a global state, under FedProto from round 1); bootstraps and evaluation rounds stay plain (seeded weights and
+metrics).
 Each family's selected agents form one ``SecAggServer`` session (``protocol.secagg``). The stages close
 on all of a stage's agents answering or on their deadline: advertise (``secagg_stage_s`` after opening)
 -> keys relayed; share (another ``secagg_stage_s``) -> each agent's sealed bundles relayed to it;
@@ -20,6 +21,7 @@ running sum is not checkpointed, and the agents' secrets died with their answers
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -274,22 +276,17 @@ class SecureRounds:
 
     def _finish(self, parts: EngineParts, run: RunState, open_round: OpenRound) -> None:
         """Every session unmasks its sum; only then is anything folded (a failure leaves the strategy as it was)."""
-        setup = self.setup
-        assert setup is not None and open_round.secure is not None
-        unmasked = {family: self._unmask(session) for family, session in self.sessions.items()}
+        assert self.setup is not None and open_round.secure is not None
+        folds = [(session, self._unmasked(parts, session)) for session in self.sessions.values()]
+        self._account_noise(parts, open_round)  # the sums exist now, whatever folding makes of them
         for family, session in self.sessions.items():
             open_round.secure["families"][family] = self._account(session)
-        for family, sums in unmasked.items():
-            session = self.sessions[family]
-            survivors = set(session.server.survivors)
-            taken = (parts.strategy.accumulate_prototype_sums(family, *sums, survivors) if isinstance(sums, tuple)
-                     else parts.strategy.accumulate_sums(family, sums, survivors))
-            if not taken:
+        for session, fold in folds:
+            if not fold():
                 raise ValueError(f"{parts.strategy.algorithm} with {parts.strategy.aggregator.describe()} does not "
                                  f"fold unmasked sums")
-            self._enter_answered(parts, run, open_round, session, survivors)
+            self._enter_answered(parts, run, open_round, session, set(session.server.survivors))
         open_round.secure_done = True
-        self._account_noise(parts, open_round)
         log.info("round %d: secure sums unmasked for %s", open_round.number,
                  ", ".join(f"{f} ({len(s.server.survivors)} agents)" for f, s in self.sessions.items()))
 
@@ -308,23 +305,28 @@ class SecureRounds:
         log.info("round %d: distributed DP: %d noisy sums released, epsilon %.4g at delta %g", open_round.number,
                  self.ledger.rounds, epsilon, self.ledger.delta)
 
-    def _unmask(self, session: Session) -> dict[str, RunningMean] | tuple[np.ndarray, np.ndarray]:
-        """A session's unmasked sum: the means of its payloads (``delta``, and ``control_delta`` under SCAFFOLD), or
-        under FedProto (the per-class sums of count-weighted prototypes, the per-class counts)."""
+    def _unmasked(self, parts: EngineParts, session: Session) -> Callable[[], bool]:
+        """Unmask a session's sum now; returns what folds it into the strategy (False: the strategy cannot): the
+        means of its payloads (``delta``, and ``control_delta`` under SCAFFOLD), or under FedProto the per-class
+        sums of count-weighted prototypes and the per-class counts."""
         setup = self.setup
         assert setup is not None
         total = session.server.finish()
-        survivors = session.server.survivors
+        survivors = set(session.server.survivors)
+        strategy, family = parts.strategy, session.family
         if session.prototypes is not None:
-            return decode_prototype_sums(total, len(survivors), session.prototypes[0], setup, session.setup)
+            prototypes, counts = decode_prototype_sums(total, len(survivors), session.prototypes[0], setup,
+                                                       session.setup)
+            return lambda: strategy.accumulate_prototype_sums(family, prototypes, counts, survivors)
         sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
         # One weight for every payload: the agent weighed its delta and control delta alike (sample-weighted
         # means, as Scaffold.aggregate takes them in a plain round).
         layouts = {"delta": session.like, "control_delta": session.control_like or {}}
-        return {payload: RunningMean.of_sums(layout_key(layouts[payload]), payload_sums,
-                                             {n: np.zeros_like(a) for n, a in layouts[payload].items()
-                                              if a.dtype.kind != "f"}, weight, len(survivors), (0.0, ""))
-                for payload, payload_sums in sums.items()}
+        means = {payload: RunningMean.of_sums(layout_key(layouts[payload]), payload_sums,
+                                              {n: np.zeros_like(a) for n, a in layouts[payload].items()
+                                               if a.dtype.kind != "f"}, weight, len(survivors), (0.0, ""))
+                 for payload, payload_sums in sums.items()}
+        return lambda: strategy.accumulate_sums(family, means, survivors)
 
     def _enter_answered(self, parts: EngineParts, run: RunState, open_round: OpenRound, session: Session,
                         survivors: set[str]) -> None:
