@@ -20,6 +20,7 @@ from protocol.secagg.wire import (
     SecureInbox,
     SecureKeys,
     SecureMasked,
+    SecureNoise,
     SecureReveal,
     SecureSetup,
     SecureShares,
@@ -92,3 +93,10 @@ def _secure_round(v: Adds, topics: Topics, run_id: str, agent: str, family: str)
     v.message("secagg_round", announcement, topics.rounds_current, True, "Round 3 of a SCAFFOLD run announced "
               "secure: one session of two agents, 11 ring elements each (5 delta values, 5 control-delta values "
               "clipped to control_clip, the weight).")
+    noisy = SecureSetup(clip=1.0 + 7 * 4.0 / 2**0.5, advertise_s=15.0, share_s=15.0, unmask_s=15.0,
+                        families={family: session.model_copy(update={"n_params": 6})},
+                        noise=SecureNoise(noise_multiplier=4.0, clip_norm=1.0, shares=2))
+    v.message("secagg_round_noisy", announcement.model_copy(update={"algorithm": "fedavg", "secure": noisy}),
+              topics.rounds_current, True, "The same round of a FedAvg run with distributed DP: each agent bounds its "
+              "delta's L2 norm by clip_norm and adds Gaussian noise of std noise_multiplier x clip_norm / sqrt(shares) "
+              "before masking; 6 ring elements (5 delta values, the weight).")
