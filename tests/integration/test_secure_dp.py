@@ -18,7 +18,7 @@ from launcher.fleet import AgentSpec, Fleet, FleetSpec
 from protocol.messages import AgentStatus, RoundAnnouncement, Update
 from protocol.secagg.wire import SecureMasked
 from protocol.topics import Topics
-from tests.integration.wire import WireRecorder, decode_wire, wait_for_rounds
+from tests.integration.wire import WireRecorder, decode_wire, wait_for_rounds, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -108,8 +108,18 @@ def test_an_agent_whose_secure_round_spent_its_budget_is_not_selected_again(
     fleet = Fleet(tmp_path / "run", mosquitto.url, spec, {**COMMON, **SECURE, "rounds": 3, "round_deadline_s": 15},
                   federation="dp-spent")
     topics = Topics("dp-spent")
-    with fleet:
+    try:
+        # It goes first and is online before round 1 opens (its noise calibration makes it the slowest to start:
+        # a clean-clone CI run opened rounds 1 and 2 with the other three, 3 being enough), so round 2 selects it.
+        fleet.start_coordinator()
+        fleet.agents[spent].start()
+        wait_until(lambda: any(m.topic == topics.agent_status(spent) and m.payload for m in recorder.snapshot()), 120,
+                   f"{spent}'s first status")
+        for name in AGENTS:
+            fleet.agents[name].start()
         rounds = wait_for_rounds(fleet, 3, 180)
+    finally:
+        fleet.stop()
     assert [r["outcome"] for r in rounds] == ["completed"] * 3, rounds
     assert spent in rounds[1]["secure"]["families"]["mlp_tiny"]["survivors"]  # it trained in round 2 and spent
     ledger = AgentStateDir(fleet.agent_dir(spent)).read_json(STATE_NAME)
