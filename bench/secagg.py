@@ -122,11 +122,13 @@ def main() -> int:
     parser.add_argument("--noise", type=float, default=0.0, help="--accuracy: secagg_noise_multiplier of the secure "
                                                                   "run (distributed DP; fedavg only) [default: 0]")
     parser.add_argument("--clip-norm", type=float, default=1.0, help="--accuracy --noise: secagg_dp_clip_norm")
+    parser.add_argument("--noise-mechanism", choices=("skellam", "gaussian"), default="skellam",
+                        help="--accuracy --noise: secagg_noise_mechanism")
     args = parser.parse_args()
     if args.accuracy:
         from secagg_accuracy import run as run_accuracy  # torch, the agents and the broker only in this mode
 
-        return run_accuracy(args.quick, args.clip, args.algorithm, args.noise, args.clip_norm)
+        return run_accuracy(args.quick, args.clip, args.algorithm, args.noise, args.clip_norm, args.noise_mechanism)
     if args.mqtt:
         from secagg_mqtt import run  # the broker, the coordinator and the fleet only in this mode
 

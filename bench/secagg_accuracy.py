@@ -108,6 +108,8 @@ class Plan:
     """Distributed DP in the secure run: secagg_noise_multiplier (0: none)."""
     clip_norm: float = 1.0
     """secagg_dp_clip_norm: the L2 bound of each agent's delta under noise."""
+    mechanism: str = "skellam"
+    """secagg_noise_mechanism under noise: skellam (integer, on the grid) or gaussian."""
 
     @property
     def name(self) -> str:
@@ -163,7 +165,8 @@ def settings(plan: Plan, secure: bool) -> TrainConfig:
         clip = "secagg_prototype_clip" if plan.algorithm == "fedproto" else "secagg_clip"
         params |= {"secure_aggregation": True, clip: plan.clip, "secagg_stage_s": plan.stage_s}
         if plan.noise:
-            params |= {"secagg_noise_multiplier": plan.noise, "secagg_dp_clip_norm": plan.clip_norm}
+            params |= {"secagg_noise_multiplier": plan.noise, "secagg_dp_clip_norm": plan.clip_norm,
+                       "secagg_noise_mechanism": plan.mechanism}
     return replace(train, params=params)
 
 
@@ -264,7 +267,8 @@ def render(plain: Run, secure: Run, plan: Plan) -> list[str]:
     if plan.noise:
         last = noisy[-1] if noisy else None
         lines.append("distributed DP: no noisy sum was released" if last is None else
-                     f"distributed DP: noise multiplier {last['noise_multiplier']:g}, clip norm {last['clip_norm']:g}, "
+                     f"distributed DP ({last.get('mechanism', 'gaussian')}): noise multiplier {last['noise_multiplier']:g}, "
+                     f"clip norm {last['clip_norm']:g}, "
                      f"split {last['shares']} ways; epsilon {last['epsilon']:.4g} at delta {last['delta']:g} after "
                      f"{last['rounds']} noisy sums (no sampling amplification claimed)")
     return lines
@@ -283,10 +287,10 @@ def failures(plain: Run, secure: Run) -> list[str]:
 
 
 def run(quick: bool, clip: float | None, algorithm: str = "fedavg", noise: float = 0.0,
-        clip_norm: float = 1.0) -> int:
+        clip_norm: float = 1.0, mechanism: str = "skellam") -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)  # many agents share the cores: more threads only thrash
-    plan = replace(plan_for(quick, clip, algorithm), noise=noise, clip_norm=clip_norm)
+    plan = replace(plan_for(quick, clip, algorithm), noise=noise, clip_norm=clip_norm, mechanism=mechanism)
     fleet = fleet_for(plan)
     proto = algorithm == "fedproto"
     split = (f"{CLASSES_PER_AGENT} classes/agent, families of {', '.join(PROTO_DEVICES)}" if proto else
@@ -297,7 +301,7 @@ def run(quick: bool, clip: float | None, algorithm: str = "fedavg", noise: float
           f"{plan.agents} agents (all per round), {split}, {plan.rounds} rounds, lr {train.learning_rate:g} momentum "
           f"{train.momentum:g} {train.local_epochs} local epochs batch {plan.batch_size}; {clip_name} {plan.clip:g}, "
           f"secagg_stage_s {plan.stage_s:g}; bounds off"
-          f"{f'; secagg_noise_multiplier {plan.noise:g}, secagg_dp_clip_norm {plan.clip_norm:g}' if plan.noise else ''}"
+          f"{f'; secagg_noise_multiplier {plan.noise:g} ({plan.mechanism}), secagg_dp_clip_norm {plan.clip_norm:g}' if plan.noise else ''}"
           f"; torch {torch.__version__}")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="secagg-accuracy-") as tmp:

@@ -68,10 +68,21 @@ class SecureLightFleet(LightFleet):
         """Every global state heard, by round (the bench reads the applied mean from two of them)."""
         self._secure: tuple[RoundAnnouncement, SecureSetup, SecureFamily] | None = None
         self._clients: dict[str, SecAggClient] = {}
+        self._deltas: dict[int, dict[int, dict[str, np.ndarray]]] = {}
 
     def delta(self, round_number: int, variant: int) -> dict[str, np.ndarray]:
-        rng = np.random.default_rng([self.seed, round_number, variant])
-        return {n: SCALE * rng.standard_normal(s, dtype=np.float32) for n, s in self.layout.items()}
+        """The round's delta of ``variant``, drawn once per round (read-only): the stand-in for what training
+        produced, which a device has in hand in a plain and a secure round alike, so drawing it is nobody's cost."""
+        drawn = self._deltas.get(round_number)
+        if drawn is None:  # one round's at a time (plain_mean may ask from another thread: at worst, drawn again)
+            drawn = {}
+            self._deltas = {round_number: drawn}
+        if variant not in drawn:
+            rng = np.random.default_rng([self.seed, round_number, variant])
+            drawn[variant] = {n: SCALE * rng.standard_normal(s, dtype=np.float32) for n, s in self.layout.items()}
+            for array in drawn[variant].values():
+                array.flags.writeable = False
+        return drawn[variant]
 
     # -- plain rounds: lightfleet's path, with these deltas and these dropouts --------------------
     def _status(self, agent_id: str, index: int) -> bytes:
@@ -86,11 +97,12 @@ class SecureLightFleet(LightFleet):
         self.cpu_s.clear(), self.bytes_up.clear()  # count the train round's work only
         out = []
         for variant in range(VARIANTS):
+            delta = self.delta(ann.round, variant)
             start = time.thread_time()
             update = Update(run_id=ann.run_id, agent_id=_placeholder(self.ids[0]), round=ann.round, task=ann.task,
                             task_ref=self.task, family=self.family, base_digest=state.digest, num_samples=SAMPLES,
                             metrics=TrainMetrics(train_loss=0.4, duration_s=0.01, steps=1),
-                            delta=self.delta(ann.round, variant))
+                            delta=delta)
             out.append(encode_message(update))
             self.cpu_s[f"variant-{variant}"] = time.thread_time() - start  # one agent's encoding
         return out
@@ -168,8 +180,9 @@ class SecureLightFleet(LightFleet):
             agent, client = message.agent_id, self._clients.get(message.agent_id)
             if client is None or self.drops.get(agent) in ("advertise", "share") or client.stage != "mask":
                 return
+            delta = self.delta(ann.round, self.variant[agent])
             start = time.thread_time()
-            _, ring = encode_input(self.delta(ann.round, self.variant[agent]), setup, session, SAMPLES)
+            _, ring = encode_input(delta, setup, session, SAMPLES)
             masked = pack_masked(client.masked_input(ring, message.bundles), session)
             self._emit(out, ann.round, agent, "masked", SecureMasked(run_id=ann.run_id, round=ann.round, agent_id=agent,
                                                       masked=masked, train_loss=0.4), start)

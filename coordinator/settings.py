@@ -14,7 +14,7 @@ from coordinator.strategies.registry import ALGORITHMS
 from protocol.compression import COMPRESSORS, CompressionSpec, state_compressors
 from protocol.compression.registry import described
 from protocol.messages import MAX_AGENTS_PER_ROUND
-from protocol.secagg.accounting import affordable_rounds
+from protocol.secagg.accounting import affordable_rounds, gaussian_rdp, skellam_round_bound
 from protocol.secagg.ring import GRID_LEVELS, RING_BITS, ring_bits
 from protocol.tasks import TaskCard, load_task_card
 from protocol.topics import check_identifier
@@ -170,8 +170,11 @@ class CoordinatorSettings(BrokerSettings):
         "secure aggregation under fedproto: agents clip every prototype value (embedding units) to [-clip, clip] "
         "before quantising"))
     secagg_noise_multiplier: float = Field(default=0.0, ge=0.0, le=1000.0, allow_inf_nan=False, description=(
-        "distributed DP under secure aggregation: each round's sum carries Gaussian noise of this many times "
+        "distributed DP under secure aggregation: each round's sum carries noise of this many times "
         "secagg_dp_clip_norm, added in shares by the agents; 0: none (docs/privacy.md)"))
+    secagg_noise_mechanism: Literal["skellam", "gaussian"] = Field(default="skellam", description=(
+        "distributed DP: skellam adds integer noise on the grid, so the sum's noise and the rounding are accounted "
+        "exactly; gaussian adds floating-point noise before rounding (the rounding is not accounted)"))
     secagg_dp_clip_norm: float = Field(default=1.0, gt=0.0, le=1e6, allow_inf_nan=False, description=(
         "distributed DP: agents bound the L2 norm of their delta by this before weighing and noising it"))
     secagg_dp_delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description=(
@@ -298,14 +301,16 @@ def noise_problem(settings: CoordinatorSettings) -> str | None:
         return (f"secagg_noise_multiplier noises the delta only: {s.algorithm}'s "
                 f"{'control deltas' if s.algorithm == 'scaffold' else 'prototypes'} would leave without noise")
     if CompressionSpec.parse(s.compression).kind != "none":
-        return ("secagg_noise_multiplier needs compression none: a coarse grid's rounding depends on the data and "
-                "is not accounted")
+        return ("secagg_noise_multiplier needs compression none: a compression grid's rounding is not accounted "
+                "under gaussian noise, and its few steps cannot hold the clip norm finely enough under skellam")
     if s.secagg_dp_target_epsilon is not None:
         releases = max(s.rounds - 1, 0)  # round 1 bootstraps: seeded weights, nothing learned from data
-        affordable = affordable_rounds(s.secagg_noise_multiplier, s.secagg_dp_delta, s.secagg_dp_target_epsilon)
+        z = s.secagg_noise_multiplier
+        per_round = gaussian_rdp(z) if s.secagg_noise_mechanism == "gaussian" else skellam_round_bound(z)
+        affordable = affordable_rounds(per_round, s.secagg_dp_delta, s.secagg_dp_target_epsilon)
         if releases > affordable:
             return (f"secagg_dp_target_epsilon {s.secagg_dp_target_epsilon:g} (delta {s.secagg_dp_delta:g}) affords "
-                    f"{affordable} secure rounds at secagg_noise_multiplier {s.secagg_noise_multiplier:g}, and rounds "
+                    f"{affordable} secure rounds at secagg_noise_multiplier {z:g} ({s.secagg_noise_mechanism}), and rounds "
                     f"{s.rounds} would release {releases}: lower rounds or raise the noise multiplier")
     return None
 

@@ -12,7 +12,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from protocol.messages import LocalTraining, Message, RoundAnnouncement, StateRef, TaskRef
+from protocol.secagg.accounting import skellam_levels
 from protocol.secagg.messages import BUNDLE_BYTES
+from protocol.secagg.ring import ring_bits
 from protocol.secagg.wire import (
     AdvertisedKeys,
     SecureAdvertise,
@@ -100,3 +102,12 @@ def _secure_round(v: Adds, topics: Topics, run_id: str, agent: str, family: str)
               topics.rounds_current, True, "The same round of a FedAvg run with distributed DP: each agent bounds its "
               "delta's L2 norm by clip_norm and adds Gaussian noise of std noise_multiplier x clip_norm / sqrt(shares) "
               "before masking; 6 ring elements (5 delta values, the weight).")
+    skellam = SecureNoise(noise_multiplier=4.0, clip_norm=1.0, shares=2, mechanism="skellam")
+    levels = skellam_levels(skellam.agent_std, noisy.clip, 2)
+    v.message("secagg_round_skellam", announcement.model_copy(update={"algorithm": "fedavg", "secure": noisy.model_copy(
+        update={"noise": skellam, "levels": levels, "families": {family: session.model_copy(
+            update={"n_params": 6, "ring_bits": ring_bits(levels, 2)})}})}),
+              topics.rounds_current, True, f"The noisy round with Skellam noise: the grid has levels {levels} (each "
+              f"agent's Poisson mean stays within 2^39) and a ring of {ring_bits(levels, 2)} bits; each agent rounds "
+              "its weighted values stochastically to the grid, then adds Poisson(mu/2) - Poisson(mu/2) steps with "
+              "mu = (noise_multiplier x clip_norm / sqrt(shares) x levels / clip)^2 to every one but the weight.")

@@ -37,6 +37,7 @@ from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
 from protocol.errors import ProtocolError
 from protocol.messages import RoundAnnouncement, TrainMetrics, Update
+from protocol.secagg.accounting import round_rdp
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
 from protocol.secagg.messages import Advertisement, UnmaskResponse
@@ -291,15 +292,17 @@ class SecureRounds:
                  ", ".join(f"{f} ({len(s.server.survivors)} agents)" for f, s in self.sessions.items()))
 
     def _account_noise(self, parts: EngineParts, open_round: OpenRound) -> None:
-        """Distributed DP: the sums just released spend one Gaussian mechanism of the announced noise multiplier (at
-        least: a family's sum of n >= shares survivors carries sqrt(n / shares) times more noise)."""
-        noise = self.setup.noise if self.setup is not None else None
-        if noise is None or self.ledger is None or open_round.secure is None:
+        """Distributed DP: the sums just released spend one mechanism of the announced noise (at least: a family's
+        sum of n >= shares survivors carries sqrt(n / shares) times more noise)."""
+        setup = self.setup
+        if setup is None or setup.noise is None or self.ledger is None or open_round.secure is None or not self.sessions:
             return
-        self.ledger.spend(noise.noise_multiplier)
+        noise = setup.noise
+        self.ledger.spend(round_rdp(setup, (session.setup for session in self.sessions.values())))
         epsilon = self.ledger.epsilon
         parts.metrics.secagg_dp_epsilon.set(epsilon)
-        open_round.secure["noise"] = {"noise_multiplier": noise.noise_multiplier, "clip_norm": noise.clip_norm,
+        open_round.secure["noise"] = {"mechanism": noise.mechanism, "noise_multiplier": noise.noise_multiplier,
+                                      "clip_norm": noise.clip_norm,
                                       "shares": noise.shares, "rounds": self.ledger.rounds,
                                       "epsilon": round(epsilon, 6), "delta": self.ledger.delta}
         log.info("round %d: distributed DP: %d noisy sums released, epsilon %.4g at delta %g", open_round.number,

@@ -7,7 +7,9 @@ FedProto from round 1, since the prototypes' layout is the task's (``num_classes
 the first prototypes are learned from data already. A round with no session is plain. A family with one selected agent, or too few for the
 threshold, sits out (its agents' plain updates are refused) and the reason is kept for the round's log.
 Under distributed DP (``secagg_noise_multiplier``) the setup declares the noise each agent adds, split for the
-smallest threshold, and a grid wide enough for it (``secagg_clip`` gives way to the L2 bound plus the noise).
+smallest threshold, and a grid wide enough for it (``secagg_clip`` gives way to the L2 bound plus the noise). Under
+Skellam noise a family whose grid is too coarse for the rounding to stay a small part of the accounted
+sensitivity (``SKELLAM_MIN_STEPS``: many summands, or a large model, on a 32-bit ring) sits out.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.strategies.base import FamilyState
 from protocol.compression import CompressionSpec
 from protocol.messages import RoundAnnouncement
+from protocol.secagg.accounting import SKELLAM_MIN_STEPS, skellam_levels
 from protocol.secagg.graph import default_degree, default_threshold
 from protocol.secagg.prototype_vector import prototype_length
+from protocol.secagg.quantise import Quantiser
 from protocol.secagg.ring import GRID_LEVELS, ring_bits
 from protocol.secagg.vector import vector_length
 from protocol.secagg.wire import SecureFamily, SecureNoise, SecureSetup
@@ -90,8 +94,13 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
         # Split for the fewest survivors any family's sum may have; the grid holds the L2-bounded values and the
         # agent's noise to NOISE_SIGMAS of its standard deviation (a value beyond is clipped: ~1e-12 of them).
         noise = SecureNoise(noise_multiplier=s.secagg_noise_multiplier, clip_norm=s.secagg_dp_clip_norm,
-                            shares=min(f.threshold for f in families.values()))
+                            shares=min(f.threshold for f in families.values()), mechanism=s.secagg_noise_mechanism)
         clip = s.secagg_dp_clip_norm + NOISE_SIGMAS * noise.agent_std
+        if noise.mechanism == "skellam":
+            levels = skellam_levels(noise.agent_std, clip, max(len(f.roster) for f in families.values()))
+            families = {name: f.model_copy(update={"ring_bits": ring_bits(levels, len(f.roster))})
+                        for name, f in families.items()}
+            families = fine_enough(families, clip, levels, noise, announcement.round, skipped)
     setup = SecureSetup(clip=clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
                         unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip,
                         noise=noise)
@@ -99,3 +108,21 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     # delta and send no packed arrays, so the announcement asks for none.
     return announcement.model_copy(update={"secure": setup, "compression": "none"}), skipped
 
+
+def fine_enough(families: dict[str, SecureFamily], clip: float, levels: int, noise: SecureNoise, round_number: int,
+                 skipped: list[str]) -> dict[str, SecureFamily]:
+    """The families whose grid holds one agent's clip norm in at least SKELLAM_MIN_STEPS x sqrt(d) steps; the others
+    sit out (``skipped`` says why). Keeping the noise split for all of them only adds noise."""
+    kept = {}
+    for family, session in families.items():
+        grid = Quantiser(clip, len(session.roster), ring_bits=session.ring_bits, levels=levels)
+        steps, needed = grid.scale * noise.clip_norm, SKELLAM_MIN_STEPS * math.sqrt(session.n_params - 1)
+        if steps >= needed:
+            kept[family] = session
+            continue
+        why = (f"its grid holds the DP clip norm in {steps:.0f} steps, fewer than the {needed:.0f} Skellam noise needs "
+               f"to keep rounding out of the accounted sensitivity ({len(session.roster)} summands of "
+               f"{session.n_params - 1} values on a {session.ring_bits}-bit ring)")
+        skipped.append(f"{family}: {why}")
+        log.warning("round %d: %s sits out (its agents' plain updates are refused): %s", round_number, family, why)
+    return kept

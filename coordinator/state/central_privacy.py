@@ -1,7 +1,7 @@
 """The coordinator's privacy ledger for distributed DP: what the released sums of secure rounds cost together.
 
-Each secure round under ``secagg_noise_multiplier`` z that releases its sums spends one Gaussian mechanism of
-noise multiplier z (``protocol.secagg.accounting``). The ledger keeps the summed RDP curve; its state is part of
+Each secure round under ``secagg_noise_multiplier`` z that releases its sums spends one mechanism: Gaussian of
+noise multiplier z, or Skellam on the round's grid (``protocol.secagg.accounting``). The ledger keeps the summed RDP curve; its state is part of
 the checkpoint, checked when loaded: a budget must survive restarts, so a state that does not fit this ledger
 fails the start, naming what is wrong.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.secagg.accounting import ORDERS, epsilon_of, gaussian_rdp
+from protocol.secagg.accounting import ORDERS, epsilon_of
 
 
 class CentralPrivacyLedger:
@@ -24,9 +24,11 @@ class CentralPrivacyLedger:
         self.rounds = 0
         self.rdp = np.zeros_like(ORDERS)
 
-    def spend(self, noise_multiplier: float) -> None:
-        """One round's sums were released with at least this noise multiplier."""
-        self.rdp = self.rdp + gaussian_rdp(noise_multiplier)
+    def spend(self, rdp: np.ndarray) -> None:
+        """One round's sums were released at this RDP curve (at ``ORDERS``)."""
+        if rdp.shape != ORDERS.shape or not np.all(np.isfinite(rdp)) or np.any(rdp < 0):
+            raise ValueError("a round's RDP curve must be finite and >= 0 at every order")
+        self.rdp = self.rdp + rdp
         self.rounds += 1
 
     @property

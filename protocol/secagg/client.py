@@ -16,7 +16,7 @@ import numpy as np
 from protocol.secagg import shamir
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted
-from protocol.secagg.keys import KEY_BYTES, KeyPair, mask_seed, share_key
+from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, mask_seed, share_key_from
 from protocol.secagg.messages import (
     Advertisement,
     UnmaskRequest,
@@ -38,6 +38,7 @@ class SecAggClient:
         self._masking: KeyPair | None = None
         self._peers: dict[int, Advertisement] = {}  # neighbours that advertised, by position
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # neighbour -> (its b share, its key share)
+        self._agreed: dict[int, bytes] = {}  # neighbour -> raw X25519 secret of the encryption keys (both directions)
         self._self_mask_seed = b""
 
     def _enter(self, expected: str, following: str) -> None:
@@ -80,9 +81,10 @@ class SecAggClient:
         bundles = {}
         for i, v in enumerate(holders):
             try:  # a low-order public key gives an all-zero secret: refused, not used
-                key = share_key(self._encryption.private, self._peers[v].encryption_key, context, self.me, v)
+                self._agreed[v] = agree(self._encryption.private, self._peers[v].encryption_key)
             except ValueError as exc:
                 raise SecAggAborted("share", f"{roster[v]!r}'s encryption key: {exc}") from exc
+            key = share_key_from(self._agreed[v], context, self.me, v)
             bundles[roster[v]] = seal_bundle(key, context, self.me, v, shares[0, i], shares[1, i])
         return bundles
 
@@ -100,11 +102,12 @@ class SecAggClient:
             v = self.config.position(sender) if self.config.selected(sender) else -1
             if v not in self._peers:
                 raise SecAggAborted("mask", f"a share bundle from {sender!r}, not an advertised neighbour")
-            key = share_key(self._encryption.private, self._peers[v].encryption_key, context, v, self.me)
+            key = share_key_from(self._agreed[v], context, v, self.me)  # agreed when sealing to v: v is a peer
             try:
                 self._held[v] = open_bundle(key, context, v, self.me, bundle)
             except (ValueError, TypeError) as exc:
                 raise SecAggAborted("mask", f"the bundle from {sender!r}: {exc}") from exc
+        self._agreed.clear()  # the bundles are open: the encryption secrets have no further use
         if len(self._held) < self.config.threshold:
             raise SecAggAborted("mask", f"{len(self._held)} neighbours shared, fewer than the threshold "
                                         f"{self.config.threshold}: this agent's secrets could not be recovered")

@@ -64,4 +64,10 @@ def mask_seed(private: X25519PrivateKey, peer_public: bytes, context: bytes, a: 
 
 def share_key(private: X25519PrivateKey, peer_public: bytes, context: bytes, sender: int, recipient: int) -> bytes:
     """The AEAD key for the one message ``sender`` encrypts to ``recipient`` in this round."""
-    return _derive(agree(private, peer_public), context, SHARE_KEY_INFO + struct.pack("<II", sender, recipient))
+    return share_key_from(agree(private, peer_public), context, sender, recipient)
+
+
+def share_key_from(shared: bytes, context: bytes, sender: int, recipient: int) -> bytes:
+    """``share_key`` from the raw secret ``agree`` gave: an agent seals to a neighbour and opens what that
+    neighbour sealed to it with one agreement (the two keys differ by direction, not by secret)."""
+    return _derive(shared, context, SHARE_KEY_INFO + struct.pack("<II", sender, recipient))

@@ -52,8 +52,10 @@ class Quantiser:
     def step(self) -> float:
         return 1.0 / self.scale
 
-    def quantise(self, values: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """Float array -> uint32 ring elements (two's complement). Refuses NaN and infinities."""
+    def quantise(self, values: np.ndarray, rng: np.random.Generator | None = None,
+                 integer_noise: np.ndarray | None = None) -> np.ndarray:
+        """Float array -> uint32 ring elements (two's complement). Refuses NaN and infinities. ``integer_noise``
+        (whole grid steps, as float64: exact below 2^53) is added after rounding, before the bound is enforced."""
         scaled = np.asarray(values).astype(np.float64)  # a copy, worked on in place below
         if not np.all(np.isfinite(scaled)):
             raise ValueError("an update to quantise holds NaN or infinity")
@@ -65,6 +67,8 @@ class Quantiser:
             np.floor(scaled, out=scaled)
         else:
             np.rint(scaled, out=scaled)
+        if integer_noise is not None:
+            scaled += integer_noise
         # clip * scale is the integer bound up to a rounding of the product: keep it from stepping past.
         np.clip(scaled, -self.bound, self.bound, out=scaled)
         return scaled.astype(np.int32).view(np.uint32)

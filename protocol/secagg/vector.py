@@ -11,7 +11,8 @@ exactly as the integer sum, so the coordinator gets sum(w_i x_i) (and sum(w_i dc
 divides, and never sees one agent's values. The masked input travels as its low ``ring_bits`` bits
 (``pack_masked``). Integer arrays (counters) are not averaged: their delta is 0. Under distributed DP
 (``setup.noise``) the delta is first scaled to L2 norm at most ``clip_norm``, and after weighing every value but
-the weight gets Gaussian noise of standard deviation ``noise.agent_std``.
+the weight gets noise of standard deviation ``noise.agent_std``: Gaussian before quantising, or Skellam (integer)
+after rounding to the grid, ``noise.mechanism``.
 """
 
 from __future__ import annotations
@@ -89,10 +90,24 @@ def encode_input(delta: Mapping[str, np.ndarray], setup: SecureSetup, family: Se
     plain = np.concatenate([*parts, np.array([setup.clip], dtype=np.float64)]) * weight
     if plain.size != family.n_params:
         raise ValueError(f"the update has {plain.size - 1} floating values, the round declares {family.n_params - 1}")
-    if setup.noise is not None:  # not on the weight: sample counts are public (statuses), the sum of weights too
-        noise_rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+    grid = quantiser(setup, family)
+    if setup.noise is None:
+        return plain, grid.quantise(plain)
+    # Not on the weight: sample counts are public (statuses), the sum of weights too.
+    noise_rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+    if setup.noise.mechanism == "gaussian":
         plain[:-1] += noise_rng.normal(0.0, setup.noise.agent_std, plain.size - 1)
-    return plain, quantiser(setup, family).quantise(plain)
+        return plain, grid.quantise(plain)
+    steps = np.zeros(plain.size)
+    steps[:-1] = skellam(noise_rng, (setup.noise.agent_std * grid.scale) ** 2, plain.size - 1)
+    return plain + steps / grid.scale, grid.quantise(plain, integer_noise=steps)
+
+
+def skellam(rng: np.random.Generator, variance: float, size: int) -> np.ndarray:
+    """``size`` draws of symmetric Skellam noise of ``variance`` (Poisson(variance / 2) - Poisson(variance / 2)),
+    as float64 (exact integers): sums of independent Skellam draws are Skellam, as the secure sum needs."""
+    half = variance / 2.0
+    return (rng.poisson(half, size) - rng.poisson(half, size)).astype(np.float64)
 
 
 def decode_sum(total: np.ndarray, count: int, like: Mapping[str, np.ndarray], setup: SecureSetup,

@@ -54,13 +54,17 @@ class SecureFamily(WireModel):
 
 class SecureNoise(WireModel):
     """Distributed DP (``SecureSetup.noise``): each agent bounds its delta's L2 norm by ``clip_norm`` before weighing
-    it, then adds Gaussian noise of standard deviation noise_multiplier x clip_norm / sqrt(shares) to every value,
-    so that the sum of any ``shares`` survivors carries noise_multiplier x clip_norm (docs/privacy.md)."""
+    it, then adds noise of standard deviation noise_multiplier x clip_norm / sqrt(shares) to every value, so that
+    the sum of any ``shares`` survivors carries noise_multiplier x clip_norm (docs/privacy.md). ``gaussian``: drawn
+    in floating point before quantising; ``skellam``: integer noise (a difference of two Poisson draws) of that
+    standard deviation in grid steps, added after quantising, so that the ring sum carries Skellam noise exactly and
+    the rounding is part of the accounted sensitivity (Agarwal, Kairouz and Liu, 2021)."""
 
     noise_multiplier: float = Field(gt=0.0, le=1000.0)
     clip_norm: float = Field(gt=0.0, le=1e6)
     shares: int = Field(ge=1, le=MAX_DEGREE)
     """The fewest survivors a family's sum may have (its threshold): the noise is split this many ways."""
+    mechanism: Literal["gaussian", "skellam"] = "gaussian"
 
     @property
     def agent_std(self) -> float:
@@ -79,9 +83,10 @@ class SecureSetup(WireModel):
     share_s: float = Field(gt=0.0)
     unmask_s: float = Field(gt=0.0)
     families: dict[Identifier, SecureFamily] = Field(max_length=64)
-    levels: int = Field(default=0, ge=0, le=1 << 15)
-    """The grid: one value quantises to an integer in [-levels, levels] (127: int8, 2047: fp16); 0: the
-    finest the ring of 2^32 allows (then every family's ring has 32 bits)."""
+    levels: int = Field(default=0, ge=0, le=(1 << 31) - 1)
+    """The grid: one value quantises to an integer in [-levels, levels] (127: int8, 2047: fp16; under Skellam noise
+    as fine as its sampler allows), rounding stochastically; 0: the finest the ring of 2^32 allows, rounding to
+    the nearest (then every family's ring has 32 bits)."""
     control_clip: float | None = Field(default=None, gt=0.0, le=1e6)
     """SCAFFOLD: every value of an agent's control-variate delta (gradient units, not weight units) is clipped
     on the device to [-control_clip, control_clip] and masked after its delta; None: no control delta is masked."""
