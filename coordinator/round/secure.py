@@ -2,8 +2,8 @@
 
 A train round is announced with ``RoundAnnouncement.secure`` as ``secure_plan`` decides (a family takes part once it
 has a global state, under FedProto from round 1); bootstraps and evaluation rounds stay plain (seeded weights and
-metrics).
-Each family's selected agents form one ``SecAggServer`` session (``protocol.secagg``). The stages close
+metrics). Each family's selected agents form one ``SecAggServer`` session (``protocol.secagg``; under FedProto one
+session holds every family's, its relays sent to each family's topic). The stages close
 on all of a stage's agents answering or on their deadline: advertise (``secagg_stage_s`` after opening)
 -> keys relayed; share (another ``secagg_stage_s``) -> each agent's sealed bundles relayed to it;
 masked inputs (the round's deadline) -> the survivors announced; reveals (``secagg_stage_s`` more) ->
@@ -69,9 +69,9 @@ FAILED = ("failed", "secure_aggregation")
 
 @dataclass
 class Session:
-    """One family's SecAgg+ session in the open round."""
+    """One family's SecAgg+ session in the open round (under FedProto, one across every family)."""
 
-    family: str
+    family: str  # the family's name, or under FedProto the families' joined (secure_plan.shared_session)
     setup: SecureFamily
     server: SecAggServer
     like: dict[str, np.ndarray]
@@ -80,9 +80,11 @@ class Session:
     """SCAFFOLD: the family's server control variate, the layout of the control deltas' sum (None: not masked)."""
     prototypes: tuple[int, int] | None = None
     """FedProto: (classes, dim) of the prototypes whose per-class sums and counts are masked instead of a delta."""
-    members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})
-    """Who took part in each stage (U1..U4)."""
+    members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})  # per stage (U1..U4)
     metrics: dict[str, TrainMetrics] = field(default_factory=dict)
+    families: dict[str, str] = field(default_factory=dict)  # each agent's, as it advertised: it counts for that one
+    relays: tuple[str, ...] = ()
+    """The families whose relay topics carry this session's keys and unmasking request."""
 
 
 @dataclass
@@ -126,7 +128,12 @@ class SecureRounds:
             return
         self.round = (run.run_id, open_round.number)
         problems = []
+        grouped: dict[tuple[tuple[str, ...], bytes], list[str]] = {}  # FedProto: one session under each family's name
         for family, fam in setup.families.items():
+            grouped.setdefault((tuple(fam.roster), fam.graph_seed), []).append(family)
+        for relays in grouped.values():
+            fam = setup.families[relays[0]]
+            family = relays[0] if len(relays) == 1 else secure_plan.shared_session(relays)
             try:
                 config = RoundConfig(open_round.number, tuple(fam.roster), fam.n_params, fam.graph_seed,
                                      fam.degree, fam.threshold, setup.prg)
@@ -137,7 +144,7 @@ class SecureRounds:
             self.sessions[family] = Session(
                 family, fam, SecAggServer(config), state.weights if state is not None else {},
                 state.control if state is not None and setup.control_clip is not None else None,
-                secure_plan.prototype_shape(self.settings))
+                secure_plan.prototype_shape(self.settings), relays=tuple(sorted(relays)))
             self.family_of.update((agent, family) for agent in fam.roster)
         open_round.secure = {"families": {}, "stages": {}}
         self._enter("advertise", open_round.opened, open_round.opened + setup.advertise_s)
@@ -182,8 +189,9 @@ class SecureRounds:
     def _take(self, session: Session, agent: str, stage: str, message: Any) -> None:
         server = session.server
         if stage == "advertise":
-            if message.family != session.family:
+            if message.family not in session.relays:
                 raise SecAggRefused(f"an advertisement for {message.family}, {agent} is in {session.family}'s roster")
+            session.families[agent] = message.family
             k = message.keys
             server.receive_advertisement(Advertisement(agent, k.encryption_key, k.mask_key, k.commitment))
         elif stage == "share":
@@ -251,9 +259,9 @@ class SecureRounds:
                 ads = [AdvertisedKeys(agent_id=a.agent, encryption_key=a.encryption_key, mask_key=a.mask_key,
                                       commitment=a.self_mask_commitment)
                        for _, a in sorted(session.server.advertised.items())]
-                self._publish(parts, open_round, "advertise", parts.topics.secagg_relay(session.family, open_round.number, "keys"),
-                              SecureKeys(run_id=run.run_id, round=open_round.number, family=session.family,
-                                         advertised=ads))
+                for family in session.relays:
+                    self._publish(parts, open_round, "advertise", parts.topics.secagg_relay(family, open_round.number, "keys"),
+                                  SecureKeys(run_id=run.run_id, round=open_round.number, family=family, advertised=ads))
             following = ("share", open_round.opened + setup.advertise_s + setup.share_s)
         elif stage == "share":
             for session in self.sessions.values():
@@ -265,9 +273,10 @@ class SecureRounds:
         elif stage == "mask":
             for session in self.sessions.values():
                 request = session.server.close_masking()  # aborts here, before any share is revealed
-                self._publish(parts, open_round, "mask", parts.topics.secagg_relay(session.family, open_round.number, "unmask"),
-                              SecureUnmask(run_id=run.run_id, round=open_round.number, family=session.family,
-                                           survivors=sorted(request.survivors)))
+                for family in session.relays:
+                    self._publish(parts, open_round, "mask", parts.topics.secagg_relay(family, open_round.number, "unmask"),
+                                  SecureUnmask(run_id=run.run_id, round=open_round.number, family=family,
+                                               survivors=sorted(request.survivors)))
             following = ("unmask", now + setup.unmask_s)
         else:
             self._finish(parts, run, open_round)
@@ -335,14 +344,15 @@ class SecureRounds:
                         survivors: set[str]) -> None:
         """Survivors count as answered (sample count and metrics, no arrays), as a site's agents do."""
         ann = open_round.announcement
-        state = parts.strategy.states.get(session.family)
-        base = state.digest if state is not None else ""  # FedProto's first round starts from no state
         for agent in sorted(survivors):
             record = parts.registry.get(agent)
             samples = min(record.status.num_samples if record is not None else 0, session.setup.weight_cap)
+            family = session.families.get(agent, session.relays[0])
+            state = parts.strategy.states.get(family)
             open_round.updates[agent] = Update.model_construct(
                 run_id=run.run_id, agent_id=agent, round=ann.round, task=ann.task, task_ref=ann.task_ref,
-                family=session.family, base_digest=base, num_samples=samples,
+                family=family, base_digest=state.digest if state is not None else "",  # FedProto's first: no state
+                num_samples=samples,
                 metrics=session.metrics.get(agent) or TrainMetrics.model_construct())
             parts.applied.record(agent, ann.round)
             parts.metrics.updates.labels("accepted").inc()

@@ -4,7 +4,8 @@ threshold, vector length, weight cap and ring, and for the round the grid and th
 A family runs a session in a train round under FedAvg, FedProx and SCAFFOLD once it has a global state (its
 bootstrap stays plain: seeded weights, nothing learned from data, beside the other families' sessions); under
 FedProto from round 1, since the prototypes' layout is the task's (``num_classes`` x ``embedding_dim``) and
-the first prototypes are learned from data already. A round with no session is plain. A family with one selected agent, or too few for the
+the first prototypes are learned from data already, and in one session across every family (the same
+``SecureFamily`` under each family's name). A round with no session is plain. A family with one selected agent, or too few for the
 threshold, sits out (its agents' plain updates are refused) and the reason is kept for the round's log.
 Under distributed DP (``secagg_noise_multiplier``) the setup declares the noise each agent adds, split for the
 smallest threshold, and a grid wide enough for it (``secagg_clip`` gives way to the L2 bound plus the noise). Under
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from coordinator.fleet.agents import AgentRecord
 from coordinator.settings import CoordinatorSettings
@@ -45,6 +46,11 @@ def prototype_shape(settings: CoordinatorSettings) -> tuple[int, int] | None:
     return card.num_classes, card.embedding_dim
 
 
+def shared_session(families: Iterable[str]) -> str:
+    """The name of one session across ``families`` (FedProto's): theirs, joined."""
+    return "+".join(sorted(families))
+
+
 def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], announcement: RoundAnnouncement,
          records: Mapping[str, AgentRecord]) -> tuple[RoundAnnouncement, list[str]]:
     """(the announcement with its ``secure`` part, or unchanged for a round that stays plain; the families
@@ -65,7 +71,10 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     # SCAFFOLD's states carry a server control variate: its agents mask their control delta after the
     # delta, clipped to its own range (gradient units, not weight units: secagg_control_clip).
     controls = {f: (states[f].control or None) if f in states else None for f in by_family}
-    for family, agents in sorted(by_family.items()):
+    # FedProto's prototypes share one layout across families (the task's): one session holds every family's agents,
+    # so the coordinator learns only the sum over all of them, and a family with one selected agent takes part.
+    groups = by_family if prototypes is None else {shared_session(by_family): sum(by_family.values(), [])}
+    for family, agents in sorted(groups.items()):
         n = len(agents)
         degree = max(min(s.secagg_degree or default_degree(max(n, 2)), n - 1), 1)
         degree -= degree % 2 if degree < n - 1 else 0  # below n - 1 a Harary graph needs an even degree
@@ -86,6 +95,8 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
         families[family] = SecureFamily(
             roster=sorted(agents), graph_seed=secrets.token_bytes(32), degree=degree, threshold=threshold,
             n_params=length, weight_cap=max(cap, 1), ring_bits=ring_bits(levels, n) if levels else 32)
+    if prototypes is not None:  # the one session, under every family's name (agents look theirs up)
+        families = {f: session for f in by_family for session in families.values()}
     control_clip = s.secagg_control_clip if any(controls[f] for f in families) else None
     # Normalised prototypes are means of unit vectors: every value lies within 1, a finer grid than the clip's.
     clip = (1.0 if s.proto_normalize else s.secagg_prototype_clip) if prototypes is not None else s.secagg_clip

@@ -39,10 +39,12 @@ def test_secagg_accuracy_bench_quick_runs_plain_and_secure_into_one_table(algori
     learned = ["plain"] if noise else ["plain", "secure"]
     assert all(10.0 < accuracy[mode] <= 100.0 for mode in learned), out  # past chance (10 classes)
     if noise:
-        dp = re.search(r"^distributed DP: noise multiplier ([\d.]+), clip norm 1, split (\d+) ways; epsilon ([\d.]+) at "
-                       r"delta 1e-05 after 2 noisy sums", out, re.MULTILINE)
+        dp = re.search(r"^distributed DP \(skellam\): noise multiplier ([\d.]+), clip norm 1, split (\d+) ways; "
+                       r"epsilon ([\d.]+) at delta 1e-05 after 2 noisy sums", out, re.MULTILINE)
         assert dp and float(dp.group(1)) == noise, out
-        assert float(dp.group(3)) == pytest.approx(epsilon_of(gaussian_rdp(noise, 2), 1e-5)[0], rel=1e-3), out
+        # Skellam noise on a grid this fine costs what the Gaussian mechanism would, and never less.
+        gaussian = epsilon_of(gaussian_rdp(noise, 2), 1e-5)[0]
+        assert gaussian * (1 - 1e-3) <= float(dp.group(3)) <= gaussian * 1.01, out
     difference = re.search(r"^difference secure - plain: ([+-]\d+\.\d\d) points", out, re.MULTILINE)
     assert difference, out
     assert abs(float(difference.group(1)) - (accuracy["secure"] - accuracy["plain"])) <= 0.02, out

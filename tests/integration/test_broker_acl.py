@@ -178,3 +178,30 @@ def test_unknown_users_and_wrong_passwords_are_refused(broker: Broker) -> None:
     assert Client(broker, "jetson-0", "wrong", "jetson-0").result == "Not authorized"
     assert Client(broker, None, None, "anonymous").result == "Not authorized"
     assert Client(broker, "jetson-9", "jetson-0-pw", "jetson-9").result == "Not authorized"
+
+
+def test_secure_aggregation_stages_pass_and_stay_with_their_agents(broker: Broker) -> None:
+    """Each agent writes only its own stages, reads every relay and only its own share inbox; the coordinator
+    reads the stages and writes relays and inboxes (without these lines no secure round could run here)."""
+    coordinator = Client(broker, "coordinator", USERS["coordinator"], "coordinator")
+    rpi = Client(broker, "rpi-1", USERS["rpi-1"], "rpi-1")
+    jetson = Client(broker, "jetson-0", USERS["jetson-0"], "jetson-0")
+    try:
+        coordinator.subscribe("fl/f/secagg/#")
+        jetson.subscribe("fl/#")
+        rpi.publish("fl/f/secagg/jetson-0/3/masked")  # not its own: dropped
+        rpi.publish("fl/f/secagg_relay/cnn_small/3/keys")  # the coordinator's: dropped
+        rpi.publish("fl/f/secagg_inbox/jetson-0/3")  # the coordinator's: dropped
+        rpi.publish("fl/f/secagg/rpi-1/3/advertise")
+        # Once rpi-1's last message is through, whatever the broker let through of its earlier ones is queued for
+        # jetson-0 ahead of anything the coordinator publishes next.
+        wait_until(lambda: "fl/f/secagg/rpi-1/3/advertise" in coordinator.received, 20, "rpi-1's advertisement")
+        coordinator.publish("fl/f/secagg_inbox/rpi-1/3")  # another agent's bundles: jetson-0 must not read them
+        coordinator.publish("fl/f/secagg_inbox/jetson-0/3")
+        coordinator.publish("fl/f/secagg_relay/cnn_small/3/keys")  # sentinel: the coordinator's are in order
+        wait_until(lambda: "fl/f/secagg_relay/cnn_small/3/keys" in jetson.received, 20, "the relay")
+        assert coordinator.received == ["fl/f/secagg/rpi-1/3/advertise"]
+        assert sorted(jetson.received) == ["fl/f/secagg_inbox/jetson-0/3", "fl/f/secagg_relay/cnn_small/3/keys"]
+    finally:
+        for client in (coordinator, rpi, jetson):
+            client.close()

@@ -13,12 +13,16 @@
 # A broker shared by several federations needs one copy of these lines per federation
 # (each with its coordinator's user line); the Helm chart fills in its own federation.
 
-# The coordinator: reads agents' status and updates and site aggregators' partials and rosters
-# (sites, docs/deploying-sites.md); writes its status (and last will), the run's task card,
-# round announcements, global states, refusal notices and its resync requests to sites.
+# The coordinator: reads agents' status and updates, their secure-aggregation stages, and site
+# aggregators' partials and rosters (sites, docs/deploying-sites.md); writes its status (and last
+# will), the run's task card, round announcements, global states, refusal notices, the secure
+# rounds' relays and share inboxes, and its resync requests to sites.
 user {{ .Values.broker.username }}
 topic read fl/{{ .Values.federation }}/agents/+/status
 topic read fl/{{ .Values.federation }}/updates/#
+topic read fl/{{ .Values.federation }}/secagg/#
+topic write fl/{{ .Values.federation }}/secagg_relay/#
+topic write fl/{{ .Values.federation }}/secagg_inbox/#
 topic read fl/{{ .Values.federation }}/sites/+/partials/#
 topic read fl/{{ .Values.federation }}/sites/+/roster
 topic write fl/{{ .Values.federation }}/coordinator/status
@@ -28,11 +32,15 @@ topic write fl/{{ .Values.federation }}/notices/#
 topic write fl/{{ .Values.federation }}/global/#
 topic write fl/{{ .Values.federation }}/sites/+/resync
 
-# Everyone, agents included: its own status (and last will) and its own updates; reading
-# what the coordinator publishes, and the notices addressed to itself. Nothing else: no agent
-# sees another agent's update or notices.
+# Everyone, agents included: its own status (and last will), its own updates and secure-aggregation
+# stages; reading what the coordinator publishes (secure rounds' relays included), and the notices and
+# share bundles addressed to itself. Nothing else: no agent sees another agent's update, masked input,
+# notices or bundles.
 pattern write fl/{{ .Values.federation }}/agents/%c/#
 pattern write fl/{{ .Values.federation }}/updates/%c/#
+pattern write fl/{{ .Values.federation }}/secagg/%c/#
+pattern read fl/{{ .Values.federation }}/secagg_relay/#
+pattern read fl/{{ .Values.federation }}/secagg_inbox/%c/#
 pattern read fl/{{ .Values.federation }}/coordinator/status
 pattern read fl/{{ .Values.federation }}/rounds/current
 pattern read fl/{{ .Values.federation }}/task

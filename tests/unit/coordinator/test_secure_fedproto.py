@@ -1,6 +1,6 @@
 """FedProto under secure aggregation: agents of two model families mask their per-class prototype sums and counts
-(protocol/secagg/prototype_vector.py) from round 1, and the unmasked sums give the global prototypes a plain round
-of the same survivors gives (the count-weighted mean per class, coordinator/strategies/fedproto.py), within the
+(protocol/secagg/prototype_vector.py) from round 1, in one session across the families, and the unmasked sum gives
+the global prototypes a plain round of the same survivors gives (the count-weighted mean per class, coordinator/strategies/fedproto.py), within the
 quantisation step. The engine and the agents' real secure side, as in test_secure_rounds.py."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from protocol.secagg.wire import SecureFamily, SecureSetup
 from protocol.tasks import BUILTIN_CARDS
 from protocol.wire import decode_message
 from tests.task_refs import DIGITS
-from tests.unit.coordinator.test_engine import TOPICS, rejected, send
+from tests.unit.coordinator.test_engine import TOPICS, rejected
 from tests.unit.coordinator.test_secure_rounds import Fleet
 
 CARD = BUILTIN_CARDS["digits"]
@@ -80,7 +80,9 @@ def test_secure_fedproto_gives_the_plain_prototypes_across_families_with_a_dropo
     ann = fleet.announcement()
     assert ann.round == 1 and ann.secure is not None and ann.secure.clip == CLIP  # secure from the first round
     assert sorted(ann.secure.families) == ["cnn_large", "mlp_tiny"] and ann.secure.control_clip is None
-    assert all(f.n_params == prototype_length(CLASSES, DIM) for f in ann.secure.families.values())
+    session = ann.secure.families["cnn_large"]  # one session across the families, under each one's name
+    assert ann.secure.families["mlp_tiny"] == session and session.roster == sorted(FAMILIES)
+    assert session.n_params == prototype_length(CLASSES, DIM)
     for participant in fleet.agents.values():
         participant.begin(ann)
     fleet.pump()  # keys and shares: the inboxes are out
@@ -96,9 +98,13 @@ def test_secure_fedproto_gives_the_plain_prototypes_across_families_with_a_dropo
     assert rejected(fleet.metrics, "secure_only") == 0
     summary = fleet.engine.last_summary
     assert (summary.round, summary.outcome, summary.answered) == (1, "completed", 6), summary
-    assert summary.secure["families"]["cnn_large"]["survivors"] == ["a", "b", "h"]
-    assert summary.secure["families"]["cnn_large"]["recovered"]["pairwise_masks"] == ["c"]
-    assert summary.secure["families"]["mlp_tiny"]["survivors"] == ["d", "e", "g"]
+    assert list(summary.secure["families"]) == ["cnn_large+mlp_tiny"]
+    assert summary.secure["families"]["cnn_large+mlp_tiny"]["survivors"] == ["a", "b", "d", "e", "g", "h"]
+    assert summary.secure["families"]["cnn_large+mlp_tiny"]["recovered"]["pairwise_masks"] == ["c"]
+    # The relays went to each family's topic; each survivor counts for its own family.
+    relayed = {TOPICS.parse(topic).family for topic, _, _ in fleet.outbox.sent if TOPICS.parse(topic).kind == "secagg_relay"}
+    assert relayed == {"cnn_large", "mlp_tiny"}
+    assert {f: fs.answered for f, fs in summary.families.items()} == {"cnn_large": 3, "mlp_tiny": 3}
     fleet.engine.tick()
     published = [state(fleet, family, 2) for family in ("cnn_large", "mlp_tiny")]
     assert published[0].digest == published[1].digest and not published[0].weights  # one set, for every family
@@ -106,11 +112,10 @@ def test_secure_fedproto_gives_the_plain_prototypes_across_families_with_a_dropo
     got, got_counts = published[0].prototypes, published[0].prototype_counts
     assert got is not None and got_counts is not None
     survivors = len(sent)
-    # Per family each value is off by at most one step per agent (stochastic rounding on int8's grid), the class's
-    # weight by as much over clip: the ratio by at most 2 n step / (W - n step / clip), W in weight units.
-    caps = {family: ann.secure.families[family].weight_cap for family in ("cnn_large", "mlp_tiny")}
-    step = max(quantiser(ann.secure, ann.secure.families[f]).step for f in caps)
-    weight = sum(c / caps[FAMILIES[a]] for a, (_, c) in sent.items())
+    # Each value is off by at most one step per agent (stochastic rounding on int8's grid), the class's weight by as
+    # much over clip: the ratio by at most 2 n step / (W - n step / clip), W in weight units.
+    cap, step = session.weight_cap, quantiser(ann.secure, session).step
+    weight = sum(c / cap for _, (_, c) in sent.items())
     bound = 2 * survivors * step / np.maximum(weight - survivors * step / CLIP, 1e-9) + 1e-6
     held_classes = counts > 0
     assert np.all(np.abs(got - expected).max(axis=1)[held_classes] <= bound[held_classes])
@@ -118,7 +123,7 @@ def test_secure_fedproto_gives_the_plain_prototypes_across_families_with_a_dropo
     if compression == "none":
         assert got_counts.tolist() == counts.tolist()  # the fine grid reads capped counts back exactly
     else:
-        assert np.abs(got_counts - counts).max() <= np.ceil(survivors * step / CLIP * max(caps.values()))
+        assert np.abs(got_counts - counts).max() <= np.ceil(survivors * step / CLIP * cap)
     # Round 2 is secure as well, and starts from the global prototypes it names.
     following = fleet.announcement()
     assert following.round == 2 and following.secure is not None
@@ -130,11 +135,12 @@ def test_normalised_prototypes_are_masked_within_one(tmp_path: Path) -> None:
     assert ann.secure is not None and ann.secure.clip == 1.0  # means of unit vectors: a finer grid than the clip
 
 
-def test_a_family_with_one_selected_agent_sits_out_and_the_others_still_aggregate(tmp_path: Path) -> None:
-    families = {**FAMILIES, "g": "cnn_small"}  # g alone in its family: its prototypes cannot be hidden in a sum
+def test_a_family_with_one_selected_agent_takes_part_hidden_in_the_sum_across_families(tmp_path: Path) -> None:
+    families = {**FAMILIES, "g": "cnn_small"}  # g alone in its family: a session of its own could not hide it
     fleet = Fleet(tmp_path, families=families, samples=SAMPLES, **FEDPROTO)
     ann = fleet.announcement()
-    assert ann.secure is not None and sorted(ann.secure.families) == ["cnn_large", "mlp_tiny"]
+    assert ann.secure is not None and sorted(ann.secure.families) == ["cnn_large", "cnn_small", "mlp_tiny"]
+    assert ann.secure.families["cnn_small"] == ann.secure.families["cnn_large"]  # the same session
     for participant in fleet.agents.values():
         participant.begin(ann)
     fleet.pump()
@@ -143,15 +149,17 @@ def test_a_family_with_one_selected_agent_sits_out_and_the_others_still_aggregat
     alone = Update(run_id=fleet.engine.run.run_id, agent_id="g", round=1, task="train", task_ref=DIGITS,
                    family="cnn_small", base_digest=None, num_samples=SAMPLES["g"], metrics=TrainMetrics(),
                    prototypes=sent["g"][0], prototype_counts=sent["g"][1])
-    assert not fleet.agents["g"].takes(alone)  # not in a session: its agent would send it plain ...
-    send(fleet.engine, alone)
-    assert rejected(fleet.metrics, "secure_only") == 1  # ... and the coordinator refuses it in a secure round
+    assert fleet.agents["g"].takes(alone)  # masked, never sent plain
     fleet.pump()
     summary = fleet.engine.last_summary
-    assert (summary.round, summary.outcome, summary.answered) == (1, "completed", 6), summary
+    assert (summary.round, summary.outcome, summary.answered) == (1, "completed", 7), summary
+    assert rejected(fleet.metrics, "secure_only") == 0
+    assert summary.secure["families"]["cnn_large+cnn_small+mlp_tiny"]["survivors"] == sorted(families)
     fleet.engine.tick()
-    # The sitting-out family still receives the global prototypes (every known family does).
-    assert state(fleet, "cnn_small", 2).digest == state(fleet, "cnn_large", 2).digest
+    expected, counts = plain_prototypes(sent)
+    got = state(fleet, "cnn_small", 2)
+    assert got.digest == state(fleet, "cnn_large", 2).digest and got.prototype_counts.tolist() == counts.tolist()
+    assert np.allclose(got.prototypes[counts > 0], expected[counts > 0], atol=1e-5)
 
 
 def test_the_prototype_vector_reads_back_capped_count_weighted_sums() -> None:
