@@ -55,6 +55,7 @@ from protocol.secagg.wire import (
     SecureShares,
     SecureUnmask,
 )
+from protocol.security.signing import PublicKey, single_key
 from protocol.security.trust import Trust, decode_trusted
 from protocol.topics import ParsedTopic, Topics
 from protocol.wire import encode_message
@@ -88,6 +89,8 @@ class SecureParticipant:
         self.session: SecureFamily | None = None
         self.client: SecAggClient | None = None
         self._inbox: dict[str, bytes] | None = None
+        self._relay_trust: Trust | None = None
+        """A site's session: who signs its relays (the site aggregator); None: the coordinator, as the agent trusts it."""
         self._update: Update | None = None
         self._settled = settled
         self._answered: tuple[str, int] | None = None
@@ -108,11 +111,16 @@ class SecureParticipant:
         self.settle(ann)
         if ann.secure is None or self.round == (ann.run_id, ann.round):
             return
-        session = ann.secure.families.get(self.family)
-        if session is None or self.agent_id not in session.roster:
+        found = next(((site, session) for site, family, session in ann.secure.sessions()
+                      if family == self.family and self.agent_id in session.roster), None)
+        if found is None:
             return
+        site, session = found
         self._reset()
         self.round, self.setup, self.session = (ann.run_id, ann.round), ann.secure, session
+        key = ann.secure.sites[site].key if site is not None else None
+        # A site's session is relayed by its site aggregator, whose key the root's signed announcement vouches for.
+        self._relay_trust = Trust(single_key(site, PublicKey(key)), required=True) if site is not None and key else None
         config = RoundConfig(ann.round, tuple(session.roster), session.n_params, session.graph_seed,
                              session.degree, session.threshold, ann.secure.prg)
         self.client = SecAggClient(self.agent_id, config)
@@ -136,7 +144,8 @@ class SecureParticipant:
         """A relayed stage message (keys, inbox, unmask); raises ProtocolError for one that does not decode."""
         if parsed.stage not in ("keys", "inbox", "unmask"):
             return
-        message: Message = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], _RELAY_LIMITS, trust).message
+        message: Message = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], _RELAY_LIMITS,
+                                          self._relay_trust or trust).message
         if isinstance(message, SecureUnmask) and message.family == self.family:
             self._note_survivors(message)
         if self.client is None or self.round != (getattr(message, "run_id", None), parsed.round):
@@ -244,5 +253,5 @@ class SecureParticipant:
 
     def _reset(self) -> None:
         self.round = self.setup = self.session = self.client = None
-        self._inbox = self._update = None
+        self._inbox = self._update = self._relay_trust = None
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from protocol.arrays import Arrays
+from protocol.arrays import Array, Arrays
 from protocol.fields import MAX_AGENTS_PER_ROUND, Digest, Epoch, Identifier, Message, NonNegativeInt, Round
 from protocol.wire_model import WireModel
 
@@ -77,11 +77,33 @@ class PartialAggregate(Message):
     outcomes: dict[Identifier, AgentOutcome] = Field(max_length=MAX_AGENTS_PER_ROUND)
     bytes_in: NonNegativeInt = 0
     """Bytes of updates the site received for it (what did not cross the bridge)."""
+    ring_sum: Array | None = None
+    """A secure partial (the round's ``SecureSetup.sites`` gave the site sessions): the unmasked ring sum of the site's
+    SecAgg+ session of this family (uint32, n_params), which the root reads back as it reads its own sessions' sums.
+    The site knows only that total: accepted outcomes carry no weight (0), ``count`` is the session's survivors and
+    ``total_weight`` the weight the sum holds; no ``sums``. Omitted when None."""
+
+    @property
+    def secure(self) -> bool:
+        return self.ring_sum is not None
+
+    @model_serializer(mode="wrap")
+    def _without_ring_sum(self, handler: SerializerFunctionWrapHandler) -> dict:
+        out = handler(self)
+        if self.ring_sum is None:
+            out.pop("ring_sum", None)
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> PartialAggregate:
         accepted = [o for o in self.outcomes.values() if o.outcome == "accepted"]
-        if self.count != sum(1 for o in accepted if o.weight > 0):
+        if self.ring_sum is not None:
+            if (self.ring_sum.dtype.str != "<u4" or self.ring_sum.ndim != 1 or any(o.weight for o in accepted)
+                    or self.count != len(accepted) or self.sums or self.integers or self.proposal):
+                raise PydanticCustomError("schema", "a secure partial carries a uint32 ring sum only, and counts every "
+                                                    "accepted agent, each without a weight")
+            return self
+        elif self.count != sum(1 for o in accepted if o.weight > 0):
             raise PydanticCustomError("schema", "count {c} differs from the accepted outcomes of positive weight",
                                       {"c": self.count})
         weights = math.fsum(o.weight for o in accepted)

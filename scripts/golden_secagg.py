@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from protocol.messages import LocalTraining, Message, RoundAnnouncement, StateRef, TaskRef
+from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.secagg.accounting import skellam_levels
 from protocol.secagg.messages import BUNDLE_BYTES
 from protocol.secagg.ring import ring_bits
@@ -27,6 +28,7 @@ from protocol.secagg.wire import (
     SecureSetup,
     SecureShares,
     SecureUnmask,
+    SiteSessions,
 )
 from protocol.topics import Topics
 
@@ -102,6 +104,22 @@ def _secure_round(v: Adds, topics: Topics, run_id: str, agent: str, family: str)
               topics.rounds_current, True, "The same round of a FedAvg run with distributed DP: each agent bounds its "
               "delta's L2 norm by clip_norm and adds Gaussian noise of std noise_multiplier x clip_norm / sqrt(shares) "
               "before masking; 6 ring elements (5 delta values, the weight).")
+    sites = SecureSetup(clip=0.5, advertise_s=15.0, share_s=15.0, unmask_s=15.0, families={}, sites={
+        "farm-1": SiteSessions(key=fixed("farm-1 site key"), families={family: session.model_copy(
+            update={"n_params": 6})})})
+    v.message("secagg_round_sites", announcement.model_copy(update={"algorithm": "fedavg", "secure": sites}),
+              topics.rounds_current, True, "The round of a FedAvg run whose two agents sit behind site farm-1: the "
+              "site aggregator serves their session (relays signed with the key given here, which the root vouches "
+              "for by signing the announcement) and sends up the unmasked sum (partial_secure).")
+    ring = np.array([7, 4294967291, 12, 0, 3, 2147483648], dtype="<u4")
+    v.message("partial_secure", PartialAggregate(
+        run_id=run_id, epoch=1767225600250, site_id="farm-1", round=3, family=family, base_digest=digest,
+        ring_sum=ring, total_weight=160.0, count=2, bytes_in=4096,
+        outcomes={agent: AgentOutcome(outcome="accepted", samples=120, eval_accuracy=0.75, eval_loss=0.5,
+                                      num_eval_samples=40), PEER: AgentOutcome(outcome="accepted", samples=40)}),
+              topics.partial("farm-1", 3), False, "farm-1's secure partial of that round: the unmasked ring sum of "
+              "its session (6 uint32, read back by the root with the round's grid), both agents accepted without a "
+              "weight (the site knows only the total).")
     skellam = SecureNoise(noise_multiplier=4.0, clip_norm=1.0, shares=2, mechanism="skellam")
     levels = skellam_levels(skellam.agent_std, noisy.clip, 2)
     v.message("secagg_round_skellam", announcement.model_copy(update={"algorithm": "fedavg", "secure": noisy.model_copy(

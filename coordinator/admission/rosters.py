@@ -29,6 +29,9 @@ class RosterOrder:
 
     newest: dict[str, tuple[float, int]] = field(default_factory=dict)
     asked: dict[str, float] = field(default_factory=dict)
+    site_of: dict[str, str] = field(default_factory=dict)
+    """Agent -> the site whose roster last vouched for it (a secure round serves it there); gone when it speaks
+    to the root itself."""
 
     def staleness(self, roster: SiteRoster) -> str | None:
         """Why ``roster`` is not newer than the last one taken from its site, or None. Reads only."""

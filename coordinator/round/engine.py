@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from coordinator.admission.decisions import Reject
 from coordinator.admission.intake import Refused, RosterIn, StatusCleared, StatusIn, UpdateIn
 from coordinator.admission.partials import PartialIn
 from coordinator.admission.statuses import admit_status
@@ -122,6 +123,8 @@ class RoundEngine:
             decision = admit_status(inbound.status, inbound.agent_id, inbound.signer,
                                     applying.admission_view(parts, run, now))
             applying.apply_status(parts, run, inbound.agent_id, inbound.status, decision, now)
+            if not isinstance(decision, Reject):
+                parts.rosters.site_of.pop(inbound.agent_id, None)  # it speaks to the root itself now
         elif isinstance(inbound, UpdateIn):
             self._admit(inbound)
         elif isinstance(inbound, PartialIn):  # a site aggregator's fold of its agents' updates

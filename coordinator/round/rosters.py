@@ -35,10 +35,13 @@ def apply_roster(parts: EngineParts, run: RunState, inbound: RosterIn) -> None:
     view = applying.admission_view(parts, run, now)
     for status in roster.statuses:
         applying.apply_status(parts, run, status.agent_id, status, admit_vouched_status(status, site, view), now)
+        parts.rosters.site_of[status.agent_id] = site
     for agent_id in roster.gone:
         applying.forget(parts, agent_id)
+        parts.rosters.site_of.pop(agent_id, None)
     if roster.present is None:
         return
+    parts.rosters.site_of.update((agent_id, site) for agent_id in roster.present)
     unknown = parts.registry.touch(roster.present, now)
     if unknown and parts.rosters.may_ask(site, now):
         everyone = len(unknown) == len(roster.present)

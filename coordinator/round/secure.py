@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,7 +30,8 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.running_mean import RunningMean, layout_key
 from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
-from coordinator.round import secure_plan
+from coordinator.round import secure_plan, secure_sites
+from coordinator.round.secure_session import STAGES, Session, StageClock
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
@@ -62,39 +62,8 @@ if TYPE_CHECKING:  # parts.py builds this driver
 
 log = logging.getLogger("coordinator.round.engine")
 
-STAGES = ("advertise", "share", "mask", "unmask")
 TOPIC_STAGE = {"advertise": "advertise", "shares": "share", "masked": "mask", "reveal": "unmask"}
 FAILED = ("failed", "secure_aggregation")
-
-
-@dataclass
-class Session:
-    """One family's SecAgg+ session in the open round (under FedProto, one across every family)."""
-
-    family: str  # the family's name, or under FedProto the families' joined (secure_plan.shared_session)
-    setup: SecureFamily
-    server: SecAggServer
-    like: dict[str, np.ndarray]
-    """The family's global weights: the layout the sum is read back into."""
-    control_like: dict[str, np.ndarray] | None = None
-    """SCAFFOLD: the family's server control variate, the layout of the control deltas' sum (None: not masked)."""
-    prototypes: tuple[int, int] | None = None
-    """FedProto: (classes, dim) of the prototypes whose per-class sums and counts are masked instead of a delta."""
-    members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})  # per stage (U1..U4)
-    metrics: dict[str, TrainMetrics] = field(default_factory=dict)
-    families: dict[str, str] = field(default_factory=dict)  # each agent's, as it advertised: it counts for that one
-    relays: tuple[str, ...] = ()
-    """The families whose relay topics carry this session's keys and unmasking request."""
-
-
-@dataclass
-class StageClock:
-    stage: str = "idle"
-    opened: float = 0.0
-    deadline: float = 0.0
-    seconds: dict[str, float] = field(default_factory=dict)
-    bytes_in: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
-    bytes_out: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
 
 
 class SecureRounds:
@@ -107,6 +76,7 @@ class SecureRounds:
         self.clock = StageClock()
         self.skipped: list[str] = []
         """Families of the round being planned that cannot run a secure session, and why."""
+        self.at_sites: dict[tuple[str, str], SecureFamily] = {}  # the sessions site aggregators serve this round
         self.ledger = CentralPrivacyLedger(settings.secagg_dp_delta) if settings.secagg_noise_multiplier else None
         """Distributed DP: what the released noisy sums cost (checkpointed with the run)."""
 
@@ -114,7 +84,13 @@ class SecureRounds:
     def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
              records: dict[str, AgentRecord]) -> RoundAnnouncement:
         """The announcement with its ``secure`` part where the round is secure (``secure_plan``)."""
-        planned, self.skipped = secure_plan.plan(self.settings, parts.strategy.states, announcement, records)
+        enrolled = parts.enrollment
+
+        def site_key(site: str) -> bytes | None:
+            entry = enrolled.get(site) if enrolled is not None else None
+            return entry.key.raw if entry is not None else None
+        planned, self.skipped = secure_plan.plan(self.settings, parts.strategy.states, announcement, records,
+                                                 parts.rosters.site_of, site_key)
         return planned
 
     def begin(self, parts: EngineParts, run: RunState) -> None:
@@ -123,6 +99,7 @@ class SecureRounds:
         assert open_round is not None
         setup = open_round.announcement.secure
         self.sessions, self.family_of, self.setup, self.clock = {}, {}, setup, StageClock()
+        self.at_sites = secure_sites.expected(setup)
         if setup is None:
             self.round = None
             return
@@ -148,7 +125,7 @@ class SecureRounds:
             self.family_of.update((agent, family) for agent in fam.roster)
         open_round.secure = {"families": {}, "stages": {}}
         self._enter("advertise", open_round.opened, open_round.opened + setup.advertise_s)
-        if problems or not self.sessions:
+        if problems or not (self.sessions or self.at_sites):
             self._fail(parts, open_round, "; ".join(problems + self.skipped) or "no family to aggregate securely")
 
     # -- inbound ---------------------------------------------------------------------------
@@ -224,6 +201,8 @@ class SecureRounds:
                                           "sum is not checkpointed, and the agents' stages cannot be replayed")
             return
         stage = self.clock.stage
+        if stage == "done":
+            return self._sites_done(parts, open_round, now)
         expected = {"advertise": lambda s: set(s.setup.roster), "share": lambda s: s.members["advertise"],
                     "mask": lambda s: s.members["share"], "unmask": lambda s: s.members["mask"]}[stage]
         complete = all(s.members[stage] >= expected(s) or (stage == "unmask" and self._enough_reveals(s))
@@ -234,6 +213,14 @@ class SecureRounds:
             self._close(parts, run, open_round, stage, now)
         except (SecAggAborted, AggregationError, ValueError) as exc:
             self._fail(parts, open_round, str(exc))
+        if self.clock.stage == "done" and not open_round.secure_done:
+            self._sites_done(parts, open_round, now)
+
+    def _sites_done(self, parts: EngineParts, open_round: OpenRound, now: float) -> None:
+        """The root's own sessions are unmasked: done once the sites' sums are in too (``secure_sites``)."""
+        if secure_sites.secure_sums_in(open_round, self.at_sites, now, secure_sites.setup_deadline(open_round)):
+            self._account_noise(parts, open_round)
+            open_round.secure_done = True
 
     @staticmethod
     def _enough_reveals(session: Session) -> bool:
@@ -288,7 +275,6 @@ class SecureRounds:
         """Every session unmasks its sum; only then is anything folded (a failure leaves the strategy as it was)."""
         assert self.setup is not None and open_round.secure is not None
         folds = [(session, self._unmasked(parts, session)) for session in self.sessions.values()]
-        self._account_noise(parts, open_round)  # the sums exist now, whatever folding makes of them
         for family, session in self.sessions.items():
             open_round.secure["families"][family] = self._account(session)
         for session, fold in folds:
@@ -296,7 +282,6 @@ class SecureRounds:
                 raise ValueError(f"{parts.strategy.algorithm} with {parts.strategy.aggregator.describe()} does not "
                                  f"fold unmasked sums")
             self._enter_answered(parts, run, open_round, session, set(session.server.survivors))
-        open_round.secure_done = True
         log.info("round %d: secure sums unmasked for %s", open_round.number,
                  ", ".join(f"{f} ({len(s.server.survivors)} agents)" for f, s in self.sessions.items()))
 
@@ -304,10 +289,11 @@ class SecureRounds:
         """Distributed DP: the sums just released spend one mechanism of the announced noise (at least: a family's
         sum of n >= shares survivors carries sqrt(n / shares) times more noise)."""
         setup = self.setup
-        if setup is None or setup.noise is None or self.ledger is None or open_round.secure is None or not self.sessions:
+        released = [session.setup for session in self.sessions.values()] + secure_sites.released(open_round, self.at_sites)
+        if setup is None or setup.noise is None or self.ledger is None or open_round.secure is None or not released:
             return
         noise = setup.noise
-        self.ledger.spend(round_rdp(setup, (session.setup for session in self.sessions.values())))
+        self.ledger.spend(round_rdp(setup, released))
         epsilon = self.ledger.epsilon
         parts.metrics.secagg_dp_epsilon.set(epsilon)
         open_round.secure["noise"] = {"mechanism": noise.mechanism, "noise_multiplier": noise.noise_multiplier,
@@ -331,6 +317,8 @@ class SecureRounds:
                                                        session.setup)
             return lambda: strategy.accumulate_prototype_sums(family, prototypes, counts, survivors)
         sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
+        cap = float(session.setup.weight_cap)  # in samples, as sites' sums of the same family are (secure_sites.py)
+        sums, weight = {p: {n: a * cap for n, a in arrays.items()} for p, arrays in sums.items()}, weight * cap
         # One weight for every payload: the agent weighed its delta and control delta alike (sample-weighted
         # means, as Scaffold.aggregate takes them in a plain round).
         layouts = {"delta": session.like, "control_delta": session.control_like or {}}

@@ -24,6 +24,7 @@ from coordinator.reasons import RejectReason
 from coordinator.round import applying
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
+from coordinator.round.secure_sites import fold_secure_partial
 from protocol.errors import Reason
 from protocol.messages import TrainMetrics, Update
 from protocol.partials import PartialAggregate
@@ -44,7 +45,12 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         return
     assert run.open is not None
     accepted = {a: o for a, o in partial.outcomes.items() if o.outcome == "accepted"}
-    if partial.count and not partial.proposal:
+    if partial.secure:  # a site's unmasked SecAgg+ sum: read back against the state held here
+        problem = fold_secure_partial(parts, run.open, partial, set(accepted)) if partial.count else None
+        if problem is not None:
+            refuse(parts, run, site, problem)
+            return
+    elif partial.count and not partial.proposal:
         problem = _fold(parts, partial, {a for a, o in accepted.items() if o.weight > 0})
         if problem is not None:
             refuse(parts, run, site, problem)

@@ -37,6 +37,7 @@ from coordinator.reasons import RejectReason
 from coordinator.sites.folding import SiteRound
 from coordinator.sites.held import HeldUpdates
 from coordinator.sites.roster import RosterBook
+from coordinator.sites.secure import STAGE_OF_TOPIC, SiteSecureRound
 from coordinator.sites.settings import SiteSettings
 from coordinator.state.applied import AppliedVersions
 from coordinator.state.rounds import OpenRound
@@ -48,6 +49,8 @@ from protocol.compression import CompressionSpec
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
 from protocol.messages import RoundAnnouncement, Update
+from protocol.secagg.errors import SecAggRefused
+from protocol.secagg.wire import STAGE_MESSAGES
 from protocol.security.signing import PublicKey, SigningKey, single_key
 from protocol.security.trust import OPEN, Trust, decode_trusted
 from protocol.site_rosters import SiteResync
@@ -125,6 +128,9 @@ class SiteEngine:
     def on_message(self, topic: str, payload: bytes) -> Outgoing:
         if topic == self.topics.rounds_current:
             return self._announced(payload)
+        if topic.startswith(f"{self.topics.root}/secagg/"):
+            self._secure_stage(topic, payload)
+            return []
         if topic == self.topics.site_resync(self.settings.site_id):
             self._resync(payload)
             return []
@@ -156,6 +162,11 @@ class SiteEngine:
         r = self.round
         if r is None:
             return 0.5, []
+        if r.secure is not None:  # its sessions decide: the partials go up once their sums are unmasked
+            relays = [(topic, self._sealed(encode_message(message))) for topic, message in r.secure.advance(now)]
+            if r.secure.done:
+                return 0.0, relays + self._close()
+            return max(0.0, min(r.secure.deadline - now, 0.5)), relays
         mine = self._mine()
         if now >= r.open.deadline or (now >= self.settle_until and mine and mine.keys() <= r.outcomes.keys()):
             return 0.0, self._close()
@@ -210,6 +221,9 @@ class SiteEngine:
         self.payloads.announcement = announcement
         self._mine_now = None
         self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio, self.rule)
+        held = announcement.secure.sites.get(self.settings.site_id) if announcement.secure is not None else None
+        if held is not None:  # the round's secure sessions of this site's agents are served here (secure.py)
+            self.round.secure = SiteSecureRound(announcement, held, self.topics, now, age, deadline)
         self.next_round = announcement.round
         log.info("site %s: round %d open, %d of its agents selected, closing in %.1fs", self.settings.site_id,
                  announcement.round, len(self._mine()), deadline - now)
@@ -253,6 +267,9 @@ class SiteEngine:
         decision = admit_update(inbound.topic, update, self._view(), self.policy)
         mine = self.round is not None and update.round == self.round.open.number and \
             update.agent_id in self.round.open.selected_set
+        if mine and self.round is not None and self.round.secure is not None and update.task == "train" and \
+                update.agent_id in self.round.secure.family_of:
+            decision = Reject(RejectReason.SECURE_ONLY, f"round {update.round} is securely aggregated at this site")
         if isinstance(decision, Accept):
             assert self.round is not None
             self.round.bytes_in += inbound.size
@@ -263,15 +280,21 @@ class SiteEngine:
         reason = decision.reason.value if isinstance(decision, Reject) else "deferred"
         self.metrics.updates.labels("rejected").inc()
         self.rejects.record("update", reason, update.agent_id, getattr(decision, "detail", ""))
-        if mine and self.round is not None and reason not in (RejectReason.DUPLICATE.value,
-                                                              RejectReason.TOPIC_MISMATCH.value):
+        if mine and self.round is not None and reason not in (RejectReason.DUPLICATE.value, RejectReason.SECURE_ONLY.value,
+                                                              RejectReason.TOPIC_MISMATCH.value):  # it may still answer
             self.round.reject(update.agent_id, reason)
 
     def _close(self) -> Outgoing:
         r = self.round
         assert r is not None
         self.round, self.next_round, self._mine_now = None, r.open.number + 1, None
-        partials = r.partials(self.run_id, self.settings.site_id, self._mine_of(r))
+        mine = self._mine_of(r)
+        if r.secure is not None:  # its sessions' agents go up in the secure partials, and only there
+            claims = {a: rec.status.num_samples for a in r.secure.family_of if (rec := self.registry.get(a)) is not None}
+            secured = r.secure.partials(self.run_id, self.settings.site_id, claims, r.bytes_in)
+            mine = {a: f for a, f in mine.items() if a not in r.secure.family_of}
+        partials = (r.partials(self.run_id, self.settings.site_id, mine) if mine or r.secure is None else []) + \
+            (secured if r.secure is not None else [])
         if r.rule_failure is not None:
             log.warning("site %s: round %d: %s; none of those updates is counted", self.settings.site_id,
                         r.open.number, r.rule_failure)
@@ -285,6 +308,32 @@ class SiteEngine:
         self.sent.append(r.open.number)
         self._release(lambda inbound: not self._waiting(inbound.update))  # a closed round's: late now
         return out
+
+    def _secure_stage(self, topic: str, payload: bytes) -> None:
+        """One of its agents' secure-aggregation stages: admitted as the root admits them (the agent's enrolled
+        signature, this run and round), then given to the site's session."""
+        sender = topic.split("/")[-3] if topic.count("/") >= 3 else "unknown"
+        r = self.round
+        try:
+            parsed = self.topics.parse(topic)
+            if parsed.kind != "secagg" or parsed.stage not in STAGE_OF_TOPIC:
+                raise SecAggRefused(f"not an agent's stage topic: {topic[:120]}")
+            received = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], self.intake.update_limits,
+                                      self.intake.trust)
+            message = received.message
+            named = getattr(message, "agent_id", None) or getattr(getattr(message, "keys", None), "agent_id", None)
+            if (received.signer is not None and received.signer != parsed.agent_id) or named != parsed.agent_id:
+                raise SecAggRefused(f"signed by {received.signer}, naming {named}, on {parsed.agent_id}'s topic")
+            if r is None or r.secure is None or (message.run_id, message.round) != (self.run_id, r.open.number):
+                raise SecAggRefused(f"round {message.round} is not a secure round open at this site")
+            r.secure.receive(sender, STAGE_OF_TOPIC[parsed.stage], message)
+        except ProtocolError as exc:
+            self.rejects.record("secagg", exc.reason.value, sender, exc.detail)
+        except SecAggRefused as exc:
+            self.rejects.record("secagg", RejectReason.SECAGG_REFUSED.value, sender, str(exc))
+            return
+        if r is not None:
+            r.bytes_in += len(payload)
 
     def _sealed(self, payload: bytes) -> bytes:
         return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))

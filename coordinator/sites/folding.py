@@ -24,6 +24,7 @@ from coordinator.aggregation.aggregator import Aggregator
 from coordinator.aggregation.running_mean import RunningMean, l2_norm
 from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import NormGate, RoundNorms, clipped
+from coordinator.sites.secure import SiteSecureRound
 from coordinator.state.rounds import OpenRound
 from protocol.digest import digest_arrays
 from protocol.messages import Update
@@ -47,6 +48,8 @@ class SiteRound:
     """Why the rule could not run at the close (too few updates for ``byzantine_f``), for the log."""
     kept: dict[str, list[tuple[str, dict[str, np.ndarray]]]] = field(default_factory=dict)
     """Under ``rule``: family -> (agent, its delta after the norm gate), for the close."""
+    secure: SiteSecureRound | None = None
+    """The round's secure sessions of this site's agents (``secure.py``), when the announcement gives it some."""
 
     @classmethod
     def start(cls, open_round: OpenRound, clip_norm: float | None, max_norm_ratio: float,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 from protocol.arrays import Array
@@ -72,6 +72,17 @@ class SecureNoise(WireModel):
         return float(self.noise_multiplier * self.clip_norm / self.shares ** 0.5)
 
 
+class SiteSessions(WireModel):
+    """In ``SecureSetup.sites``: the sessions a site aggregator serves for its own agents (docs/deploying-sites.md).
+    Its agents' stages stay on the site's broker; the site relays for them, signed with ``key``, and sends the root
+    one partial per family with the unmasked sum (``PartialAggregate.secure``)."""
+
+    key: Key | None = None
+    """The site aggregator's Ed25519 public key, enrolled at the root: agents take its relays signed by it alone
+    (None: a run without enrollment, whose messages are unsigned)."""
+    families: dict[Identifier, SecureFamily] = Field(min_length=1, max_length=64)
+
+
 class SecureSetup(WireModel):
     """In ``RoundAnnouncement.secure``: the round is securely aggregated; stage deadlines are seconds
     after ``issued_at`` (the masked inputs are due by ``deadline_s``, the reveals ``unmask_s`` later)."""
@@ -92,10 +103,24 @@ class SecureSetup(WireModel):
     on the device to [-control_clip, control_clip] and masked after its delta; None: no control delta is masked."""
     noise: SecureNoise | None = None
     """Distributed DP: the noise each agent adds before masking; None: none (device-side DP-SGD is separate)."""
+    sites: dict[Identifier, SiteSessions] = Field(default_factory=dict, max_length=1024)
+    """Site id -> the sessions its site aggregator serves (agents behind a site's bridged broker); omitted when empty."""
+
+    def sessions(self) -> list[tuple[str | None, str, SecureFamily]]:
+        """Every (site or None for the root's own, family, session) of the round."""
+        return [(None, f, s) for f, s in self.families.items()] + [
+            (site, f, s) for site, held in self.sites.items() for f, s in held.families.items()]
+
+    @model_serializer(mode="wrap")
+    def _without_empty_sites(self, handler: SerializerFunctionWrapHandler) -> dict:
+        out = handler(self)
+        if not self.sites:  # a round without sites reads as it did before sites could hold sessions
+            out.pop("sites", None)
+        return out
 
     @model_validator(mode="after")
     def _rings(self) -> SecureSetup:
-        for family in self.families.values():
+        for _, _, family in self.sessions():
             needed = ring_bits(self.levels, len(family.roster)) if self.levels else RING_BITS
             if not needed <= family.ring_bits <= (RING_BITS if self.levels else needed):
                 raise PydanticCustomError("schema", "a secure family's ring_bits cannot hold its roster's sum exactly")

@@ -158,11 +158,14 @@ def test_the_acl_is_the_shipped_site_acl(values_file: Path) -> None:
     assert conf_lines(acl) == shipped
     rules = [line.split() for line in conf_lines(acl)]
     aggregator = [r for r in rules[1:] if r[0] == "topic"]
-    assert rules[0] == ["user", "site-aggregator"] and len(aggregator) == len(rules) - 1 - 7
+    assert rules[0] == ["user", "site-aggregator"] and len(aggregator) == len(rules) - 1 - 10
     assert ["topic", "read", f"fl/{federation}/updates/#"] in aggregator
     assert [r for r in aggregator if r[1] != "read"] == [["topic", "write", f"fl/{federation}/sites/{site}/roster"],
-                                                         ["topic", "write", f"fl/{federation}/sites/{site}/partials/#"]]
+                                                         ["topic", "write", f"fl/{federation}/sites/{site}/partials/#"],
+                                                         ["topic", "write", f"fl/{federation}/secagg_relay/#"],
+                                                         ["topic", "write", f"fl/{federation}/secagg_inbox/#"]]
     patterns = [r for r in rules if r[0] == "pattern"]
+    assert ["pattern", "read", f"fl/{federation}/secagg_inbox/%c/#"] in patterns  # its own bundles, no one else's
     assert all(r[2].startswith(f"fl/{federation}/") for r in rules[1:])
     assert not any("sites/" in r[2] for r in patterns), "no agent may publish a site's partial"
     assert not any(r[1] == "read" and "updates" in r[2] for r in patterns), "no agent reads another's update"
