@@ -97,6 +97,8 @@ class DemoConfig:
     task: str = "digits"
     """The task the fleet trains, on its built-in set (digits, mnist-5k, basic-motions or an installed one)."""
     sites: int = 0
+    secure: bool = False
+    """Secure aggregation (SecAgg+): the coordinator, and behind sites each site, learns only sums."""
     """Sites: a Mosquitto each, bridged to the root's (then a Mosquitto too), a site aggregator each; 0: none."""
 
 
@@ -140,6 +142,10 @@ def coordinator_settings(config: DemoConfig) -> dict[str, Any]:
         "agent_timeout_s": max(90.0, 3 * config.deadline_s), "over_selection": config.over_selection,
         # Over-selecting needs room: want 1/(1+X) of the fleet, so that asking X more asks everyone.
         "fraction_fit": 1.0 / (1.0 + config.over_selection),
+        # SecAgg+ leaves the coordinator no individual update to bound: agents clip on the device instead.
+        # Stages close as soon as every agent answered; their deadline leaves most of the round to training.
+        **({"secure_aggregation": True, "max_norm_ratio": 0, "claim_cap_multiple": 0,
+            "secagg_stage_s": max(1.0, config.deadline_s / 6)} if config.secure else {}),
     }
 
 
@@ -348,6 +354,9 @@ def demo(
     sites: int = typer.Option(0, "--sites", min=0, max=20, help=(
         "deal the agents to this many sites: a Mosquitto each, bridged to a root Mosquitto, and a site aggregator "
         "each (fedavg or fedprox, mean)")),
+    secure: bool = typer.Option(False, "--secure", help=(
+        "secure aggregation (SecAgg+): the coordinator learns only each round's sum (behind --sites, each site "
+        "serves its own agents' sessions and sends up their sum); needs the mean")),
 ) -> None:
     """Run a federated training demo on this machine and write a report."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -357,6 +366,8 @@ def demo(
     unknown = sorted(set(kinds) - set(PROFILES))
     if unknown or not kinds:
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
+    if secure and aggregator != AggregatorKind.mean:
+        raise typer.BadParameter("secure aggregation releases only sums: it needs --aggregator mean", param_hint="--secure")
     if sites and (algorithm.value not in ("fedavg", "fedprox") or aggregator != AggregatorKind.mean):
         raise typer.BadParameter("site aggregators fold fedavg or fedprox under the mean", param_hint="--sites")
     try:
@@ -369,7 +380,7 @@ def demo(
                         devices=kinds, eval_fraction=eval_fraction, min_accuracy=min_accuracy,
                         stragglers=stragglers, over_selection=over_selection,
                         dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value, task=task,
-                        sites=sites)
+                        sites=sites, secure=secure)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:

@@ -219,6 +219,8 @@ class SecureRounds:
     def _sites_done(self, parts: EngineParts, open_round: OpenRound, now: float) -> None:
         """The root's own sessions are unmasked: done once the sites' sums are in too (``secure_sites``)."""
         if secure_sites.secure_sums_in(open_round, self.at_sites, now, secure_sites.setup_deadline(open_round)):
+            if self.at_sites and open_round.secure is not None:
+                open_round.secure["sites"] = secure_sites.account(open_round, self.at_sites)
             self._account_noise(parts, open_round)
             open_round.secure_done = True
 
@@ -365,6 +367,8 @@ class SecureRounds:
 
     def _record_stage(self, parts: EngineParts, open_round: OpenRound, stage: str, now: float) -> None:
         seconds = max(0.0, now - self.clock.opened)
+        if not self.sessions:  # every session is a site's: the root ran no stage
+            return
         parts.metrics.secagg_stage.labels(stage).observe(seconds)
         if open_round.secure is not None:
             open_round.secure["stages"][stage] = {"seconds": round(seconds, 4), "bytes_in": self.clock.bytes_in[stage],

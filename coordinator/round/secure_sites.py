@@ -64,6 +64,12 @@ def released(open_round: OpenRound, at_sites: dict[SiteSession, SecureFamily]) -
     return [session for key, session in at_sites.items() if key in open_round.folded_sites]
 
 
+def account(open_round: OpenRound, at_sites: dict[SiteSession, SecureFamily]) -> dict[str, dict[str, object]]:
+    """For ``rounds.jsonl``: per site and family, the session's roster and whether its sum was folded here."""
+    return {f"{site}/{family}": {"roster": len(session.roster), "summed": (site, family) in open_round.folded_sites}
+            for (site, family), session in sorted(at_sites.items())}
+
+
 def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: PartialAggregate,
                         members: set[str]) -> Reject | None:
     """A site's unmasked ring sum into the round's folded means, read as the root reads its own sessions' sums;

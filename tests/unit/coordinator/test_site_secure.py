@@ -128,6 +128,8 @@ def test_each_site_unmasks_its_own_agents_sum_and_the_root_makes_the_plain_mean_
     assert not any(p.sums or any(o.weight for o in p.outcomes.values()) for p in secured)  # nothing per agent
     summary = fed.root.last_summary
     assert (summary.round, summary.outcome, summary.answered) == (2, "completed", 6), summary
+    assert summary.secure["sites"] == {"s1/f": {"roster": 3, "summed": True}, "s2/f": {"roster": 4, "summed": True}}
+    assert "advertise" not in summary.secure["stages"]  # the root ran no stage of its own
     fed.root.tick()
     moved = fed.state(3)
     cap = {s: ann.secure.sites[s].families["f"].weight_cap for s in SITES}
