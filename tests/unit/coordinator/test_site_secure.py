@@ -15,6 +15,7 @@ from coordinator.sites.engine import SiteEngine
 from edge_agent.secure import SecureParticipant
 from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.partials import PartialAggregate
+from protocol.secagg.accounting import epsilon_of, round_rdp
 from protocol.secagg.vector import quantiser
 from protocol.security.trust import OPEN
 from protocol.wire import decode_message, encode_message
@@ -38,9 +39,9 @@ class Federation:
     """The root, its sites and their agents; ``pump`` carries messages until nothing moves (no message of one
     site's agents ever reaches another site or the root: only the sites' partials and rosters go up)."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, **settings: object) -> None:
         self.clock = Clock()
-        self.root, self.outbox, self.metrics = make_engine(tmp_path, self.clock, **SECURE)
+        self.root, self.outbox, self.metrics = make_engine(tmp_path, self.clock, **(settings or SECURE))
         self.sites: dict[str, SiteEngine] = {s: site_engine(tmp_path, s, self.clock)
                                              for s in SITES}
         self.up: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SITES}
@@ -188,3 +189,39 @@ def test_the_root_refuses_a_secure_partial_that_does_not_fit_its_session(tmp_pat
     fed.root.on_message(topic, encode_message(forged))
     assert fed.metrics.registry.get_sample_value("fl_messages_rejected_total",
                                                  {"kind": "partial", "reason": "bad_partial"}) == 1
+
+
+def test_a_site_that_sends_no_secure_partial_counts_as_straggling_and_the_round_completes(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, **{**SECURE, "min_fit_agents": 4})
+    fed.bootstrap()
+    ann = fed.announce()
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    fed.pump()
+    fed.train(ann, SITES["s1"] + SITES["s2"])
+    stopped = fed.sites.pop("s1")  # s1's aggregator dies with its agents' stages half done
+    fed.pump()
+    assert fed.root.last_summary is None or fed.root.last_summary.round != 2  # the root waits for s1's sum ...
+    fed.clock.now += 30.0 + 2 * 5.0  # ... until the round's deadline plus twice secagg_stage_s
+    fed.pump()
+    summary = fed.root.last_summary
+    assert (summary.round, summary.outcome, summary.answered) == (2, "completed", 4), summary
+    assert summary.secure["sites"] == {"s1/f": {"roster": 3, "summed": False}, "s2/f": {"roster": 4, "summed": True}}
+    assert stopped.round is not None  # it never closed: nothing of it reached the root
+
+
+def test_distributed_dp_behind_sites_is_announced_to_every_site_and_accounted_for_each_sum(tmp_path: Path) -> None:
+    fed = Federation(tmp_path, **SECURE, secagg_noise_multiplier=0.5, secagg_dp_clip_norm=1.0)
+    fed.bootstrap()
+    ann = fed.announce()
+    assert ann.secure is not None and ann.secure.noise is not None and ann.secure.noise.mechanism == "skellam"
+    assert ann.secure.noise.shares == min(h.families["f"].threshold for h in ann.secure.sites.values())
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    fed.pump()
+    fed.train(ann, list(SAMPLES))
+    fed.pump()
+    summary = fed.root.last_summary
+    assert (summary.round, summary.outcome, summary.answered) == (2, "completed", 7), summary
+    expected = epsilon_of(round_rdp(ann.secure, [h.families["f"] for h in ann.secure.sites.values()]), 1e-5)[0]
+    assert summary.secure["noise"]["rounds"] == 1 and summary.secure["noise"]["epsilon"] == pytest.approx(expected)
