@@ -66,6 +66,12 @@ class Config:
 
 RAW_REPLAYS = 3
 """Raw transport replays per row; their median is the baseline."""
+SINK_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
+"""glibc keeps the sink's freed buffers. paho allocates one per receive and per slice of each message; with glibc's
+defaults a sink that drops each payload at once hands them back and faults them in again: 691,000 page faults for
+2,000 messages of 508 KB, 1.1 to 1.4 CPU ms a message, most of it in the kernel, and a baseline that swung 0.5 to
+1.4 s at 1,000 messages. Kept, 9,700 faults and 0.47 ms a message (2026-12-03). The coordinator holds its buffers
+longer and does not pay it (6,000 faults over some 8,000 updates), so the untuned sink flattered the ratio."""
 
 
 @dataclass
@@ -257,7 +263,7 @@ def raw_transport(fleet: LightFleet, sizes: list[list[int]], url: str, timeout_s
     cost, with no encoding, validation or aggregation."""
     total = sum(len(s) for s in sizes)
     sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", url, "bench/raw", str(total)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+                            stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **SINK_MALLOC})
     try:
         assert sink.stdout is not None
         if sink.stdout.readline().strip() != "ready":

@@ -113,6 +113,10 @@ def main() -> int:
     parser.add_argument("--agents", type=int, nargs="*", help="--mqtt: fleet sizes (default 10 100; --quick 10)")
     parser.add_argument("--params", type=int, help="--mqtt: parameters (default 127,000; --quick 10,000)")
     parser.add_argument("--rates", type=float, nargs="*", default=[0.0, 0.1], help="--mqtt: dropout rates")
+    parser.add_argument("--degree", type=int, default=0, help="--mqtt: secagg_degree, neighbours per agent "
+                                                               "(0: 3 log2 n, 22 at 100 agents)")
+    parser.add_argument("--threshold", type=int, default=0, help="--mqtt: secagg_threshold (0: a majority of "
+                                                                  "the degree)")
     parser.add_argument("--accuracy", action="store_true", help="a digits run's final accuracy, secure vs plain "
                                                                 "FedAvg (bench/secagg_accuracy.py)")
     parser.add_argument("--clip", type=float, help="--accuracy: secagg_clip, or secagg_prototype_clip under fedproto "
@@ -133,7 +137,8 @@ def main() -> int:
         from secagg_mqtt import run  # the broker, the coordinator and the fleet only in this mode
 
         params = args.params or (10_000 if args.quick else N_PARAMS)
-        return run([(n, params) for n in (args.agents or ([10] if args.quick else [10, 100]))], tuple(args.rates))
+        return run([(n, params) for n in (args.agents or ([10] if args.quick else [10, 100]))], tuple(args.rates),
+                   args.degree, args.threshold)
     fleets = (10, 50) if args.quick else (10, 100, 500)
     print(f"# SecAgg+ core, {N_PARAMS:,} parameters, PRG {args.prg}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, numpy {np.__version__}")

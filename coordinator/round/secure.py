@@ -31,7 +31,7 @@ from coordinator.aggregation.running_mean import RunningMean, layout_key
 from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
 from coordinator.round import secure_plan, secure_sites
-from coordinator.round.secure_session import STAGES, Session, StageClock
+from coordinator.round.secure_session import STAGES, Session, StageClock, take_stage
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
@@ -40,10 +40,9 @@ from protocol.messages import RoundAnnouncement, TrainMetrics, Update
 from protocol.secagg.accounting import round_rdp
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
-from protocol.secagg.messages import Advertisement, UnmaskResponse
 from protocol.secagg.prototype_vector import decode_prototype_sums
 from protocol.secagg.server import SecAggServer
-from protocol.secagg.vector import decode_sum, unpack_masked
+from protocol.secagg.vector import decode_sum
 from protocol.secagg.wire import (
     STAGE_MESSAGES,
     AdvertisedKeys,
@@ -164,27 +163,9 @@ class SecureRounds:
         session.members[stage].add(agent)
 
     def _take(self, session: Session, agent: str, stage: str, message: Any) -> None:
-        server = session.server
+        take_stage(session.server, session.setup, session.relays, agent, stage, message, session.metrics)
         if stage == "advertise":
-            if message.family not in session.relays:
-                raise SecAggRefused(f"an advertisement for {message.family}, {agent} is in {session.family}'s roster")
             session.families[agent] = message.family
-            k = message.keys
-            server.receive_advertisement(Advertisement(agent, k.encryption_key, k.mask_key, k.commitment))
-        elif stage == "share":
-            server.receive_shares(agent, dict(message.bundles))
-        elif stage == "mask":
-            try:  # the low ring_bits bits of each element, packed (protocol.secagg.ring)
-                masked = unpack_masked(message.masked, session.setup)
-            except ValueError as exc:
-                raise SecAggRefused(f"a masked input from {agent!r}: {exc}") from exc
-            server.receive_masked_input(agent, masked)
-            session.metrics[agent] = TrainMetrics.model_construct(
-                eval_loss=message.eval_loss, eval_accuracy=message.eval_accuracy,
-                num_eval_samples=message.num_eval_samples, train_loss=message.train_loss)
-        else:
-            server.receive_unmask_response(UnmaskResponse(agent, dict(message.self_mask_shares),
-                                                          dict(message.key_shares)))
 
     def _refuse(self, parts: EngineParts, agent: str, reason: RejectReason, detail: str) -> None:
         parts.rejects.record("secagg", reason.value, agent, detail)

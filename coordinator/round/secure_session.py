@@ -1,13 +1,19 @@
-"""One SecAgg+ session of a secure round at the root (``coordinator/round/secure.py``), and the stages' clock."""
+"""One SecAgg+ session of a secure round at the root (``coordinator/round/secure.py``), the stages' clock, and how an
+agent's stage message enters a session's server (the root's sessions and a site's, ``coordinator/sites/secure.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from protocol.messages import TrainMetrics
+from protocol.secagg.errors import SecAggRefused
+from protocol.secagg.messages import Advertisement, UnmaskResponse
 from protocol.secagg.server import SecAggServer
+from protocol.secagg.vector import unpack_masked
 from protocol.secagg.wire import SecureFamily
 
 STAGES = ("advertise", "share", "mask", "unmask")
@@ -41,3 +47,29 @@ class StageClock:
     seconds: dict[str, float] = field(default_factory=dict)
     bytes_in: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
     bytes_out: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
+
+
+def take_stage(server: SecAggServer, setup: SecureFamily, families: Collection[str], agent: str, stage: str,
+               message: Any, metrics: dict[str, TrainMetrics]) -> None:
+    """``agent``'s message of ``stage`` into ``server`` (an advertisement must name one of ``families``; a masked
+    input's held-out metrics go to ``metrics``); raises SecAggRefused for one the session cannot take."""
+    if stage == "advertise":
+        if message.family not in families:
+            raise SecAggRefused(f"an advertisement for {message.family}, {agent} is in a session of "
+                                f"{', '.join(sorted(families))}")
+        k = message.keys
+        server.receive_advertisement(Advertisement(agent, k.encryption_key, k.mask_key, k.commitment))
+    elif stage == "share":
+        server.receive_shares(agent, dict(message.bundles))
+    elif stage == "mask":
+        try:  # the low ring_bits bits of each element, packed (protocol.secagg.ring)
+            masked = unpack_masked(message.masked, setup)
+        except ValueError as exc:
+            raise SecAggRefused(f"a masked input from {agent!r}: {exc}") from exc
+        server.receive_masked_input(agent, masked)
+        metrics[agent] = TrainMetrics.model_construct(
+            eval_loss=message.eval_loss, eval_accuracy=message.eval_accuracy,
+            num_eval_samples=message.num_eval_samples, train_loss=message.train_loss)
+    else:
+        server.receive_unmask_response(UnmaskResponse(agent, dict(message.self_mask_shares),
+                                                      dict(message.key_shares)))

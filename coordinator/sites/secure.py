@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 
 from coordinator.reasons import RejectReason
+from coordinator.round.secure_session import take_stage
 from protocol.messages import RoundAnnouncement, TrainMetrics
 from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
-from protocol.secagg.messages import Advertisement, UnmaskResponse
 from protocol.secagg.server import SecAggServer
-from protocol.secagg.vector import quantiser, unpack_masked
+from protocol.secagg.vector import quantiser
 from protocol.secagg.wire import AdvertisedKeys, SecureFamily, SecureInbox, SecureKeys, SecureUnmask, SiteSessions
 from protocol.topics import Topics
 
@@ -82,25 +82,7 @@ class SiteSecureRound:
             raise SecAggRefused(f"{agent} is not in a secure session of this site")
         if stage != self.stage:
             raise SecAggRefused(f"a {stage} message while the site's session is at {self.stage}")
-        server = session.server
-        if stage == "advertise":
-            if message.family != session.family:
-                raise SecAggRefused(f"an advertisement for {message.family}, {agent} is in {session.family}'s roster")
-            k = message.keys
-            server.receive_advertisement(Advertisement(agent, k.encryption_key, k.mask_key, k.commitment))
-        elif stage == "share":
-            server.receive_shares(agent, dict(message.bundles))
-        elif stage == "mask":
-            try:
-                server.receive_masked_input(agent, unpack_masked(message.masked, session.setup))
-            except ValueError as exc:
-                raise SecAggRefused(f"a masked input from {agent!r}: {exc}") from exc
-            session.metrics[agent] = TrainMetrics.model_construct(
-                eval_loss=message.eval_loss, eval_accuracy=message.eval_accuracy,
-                num_eval_samples=message.num_eval_samples, train_loss=message.train_loss)
-        else:
-            server.receive_unmask_response(UnmaskResponse(agent, dict(message.self_mask_shares),
-                                                          dict(message.key_shares)))
+        take_stage(session.server, session.setup, (session.family,), agent, stage, message, session.metrics)
         session.members[stage].add(agent)
 
     def advance(self, now: float) -> list[Relay]:
