@@ -73,6 +73,8 @@ class Variant:
     """Outside the paper: c_i moves only this fraction of the way to option II's new value."""
     server_lr: float = 1.0
     """The paper's global step size eta_g: x += eta_g * mean(y_i - x) (its experiments use 1)."""
+    head_corrected: bool = True
+    """Outside the paper (False): the classifier head (``head.*``) takes plain SGD steps, the features corrected."""
 
 
 VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
@@ -80,7 +82,8 @@ VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
 EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("scaffold-II-damped", True, True, damping=0.5),
                Variant("fedavg-eta0.5", False, True, server_lr=0.5),
-               Variant("scaffold-II-eta0.5", True, True, server_lr=0.5))
+               Variant("scaffold-II-eta0.5", True, True, server_lr=0.5),
+               Variant("scaffold-II-body", True, True, head_corrected=False))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
@@ -145,7 +148,8 @@ class Reference:
             with torch.no_grad():
                 for k in names:
                     grad = params[k].grad
-                    correction = c[k] - control[k] if variant.corrected else torch.zeros_like(grad)
+                    corrected = variant.corrected and (variant.head_corrected or not k.startswith("head."))
+                    correction = c[k] - control[k] if corrected else torch.zeros_like(grad)
                     if variant.clip:
                         size = float(correction.norm())
                         if size > 0:
