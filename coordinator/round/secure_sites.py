@@ -21,7 +21,7 @@ from coordinator.aggregation.running_mean import RunningMean, layout_key
 from coordinator.reasons import RejectReason
 from coordinator.state.rounds import OpenRound
 from protocol.partials import PartialAggregate
-from protocol.secagg.vector import decode_sum
+from protocol.secagg.vector import decode_sum, quantiser
 from protocol.secagg.wire import SecureFamily, SecureSetup
 
 if TYPE_CHECKING:
@@ -89,6 +89,10 @@ def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: Part
         sums, weight = decode_sum(partial.ring_sum, partial.count, state.weights, setup, session, control)
     except ValueError as exc:
         return Reject(RejectReason.BAD_PARTIAL, str(exc))
+    # Each survivor masked a weight of at most 1 (min(samples, cap) / cap): a site cannot claim more for its sum.
+    if not 0.0 <= weight <= partial.count * (1.0 + 1e-6) + partial.count * quantiser(setup, session).step / setup.clip:
+        return Reject(RejectReason.BAD_PARTIAL, f"its sum weighs {weight:.6g}, more than its {partial.count} survivors "
+                                                f"can (at most 1 each)")
     # In samples, not the session's weight units (min(samples, cap) / cap): sites' caps differ, and their sums of one
     # family fold together here (with the root's own session's, whose unit is its cap: folded apart, per family).
     cap = float(session.weight_cap)

@@ -156,7 +156,7 @@ def test_a_site_agent_sending_its_update_in_the_clear_is_refused_there(tmp_path:
     assert held is not None and not held.outcomes and not held.means  # nothing folded: it may still answer masked
 
 
-@pytest.mark.parametrize("tampered", ["survivor outside the roster", "ring sum of another length"])
+@pytest.mark.parametrize("tampered", ["survivor outside the roster", "ring sum of another length", "inflated weight"])
 def test_the_root_refuses_a_secure_partial_that_does_not_fit_its_session(tmp_path: Path, tampered: str) -> None:
     fed = Federation(tmp_path)
     fed.bootstrap()
@@ -184,8 +184,12 @@ def test_the_root_refuses_a_secure_partial_that_does_not_fit_its_session(tmp_pat
     if tampered == "survivor outside the roster":
         outcomes = {**partial.outcomes, "b1": partial.outcomes["a1"]}
         forged = partial.model_copy(update={"outcomes": outcomes, "count": partial.count + 1})
-    else:
+    elif tampered == "ring sum of another length":
         forged = partial.model_copy(update={"ring_sum": partial.ring_sum[:-1]})
+    else:  # the weight element (the last) past what three survivors can mask: read back, it wraps below 0
+        ring = partial.ring_sum.copy()
+        ring[-1] = np.uint32((1 << 32) - 12345)
+        forged = partial.model_copy(update={"ring_sum": ring})
     fed.root.on_message(topic, encode_message(forged))
     assert fed.metrics.registry.get_sample_value("fl_messages_rejected_total",
                                                  {"kind": "partial", "reason": "bad_partial"}) == 1
