@@ -227,6 +227,11 @@ def row_specs(plan: Plan, tuned: dict[str, dict[str, Any]], proto: bool = True) 
             specs.append(RowSpec(f"{name} {plan.per_round}", f"Dir({alpha:g})", "global", plan.family,
                                  global_fleet(plan, "dirichlet", alpha), train(algorithm), f"{algorithm}-{alpha:g}",
                                  plan.rounds))
+    body = {**tuned["scaffold"], "params": {**tuned["scaffold"].get("params", {}), "scaffold_correct_head": False}}
+    specs.append(RowSpec(f"SCAFFOLD head plain {plan.per_round}", "Dir(0.1)", "global", plan.family,
+                         global_fleet(plan, "dirichlet", 0.1),
+                         train_config("scaffold", body, plan.rounds, plan.fraction, plan.batch_size),
+                         "scaffold-body-0.1", plan.rounds))
     specs.append(RowSpec(f"FedAvg {plan.per_round}, default bounds", "Dir(0.1)", "global", plan.family,
                          global_fleet(plan, "dirichlet", 0.1),
                          train_config("fedavg", tuned["fedavg"], plan.rounds, plan.fraction, plan.batch_size,

@@ -82,6 +82,10 @@ class CoordinatorSettings(BrokerSettings):
     server_learning_rate: float = Field(default=1.0, gt=0.0, le=10.0,
                                         description="global step on the mean delta (SCAFFOLD's global learning rate)")
     prox_mu: float = Field(default=0.01, ge=0.0, le=100.0, description="fedprox: weight of the proximal term")
+    scaffold_correct_head: bool = Field(default=True, description=(
+        "scaffold: correct the classifier head's steps too (the paper); false: the head takes plain SGD steps and "
+        "only the feature layers are corrected, which kept SCAFFOLD from swinging on strongly skewed real MNIST "
+        "(bench/scaffold_reference.py)"))
     proto_lambda: float = Field(default=1.0, ge=0.0, le=1000.0, description="fedproto: weight of the alignment loss")
     proto_warmup_rounds: int = Field(default=0, ge=0, le=100_000,
                                      description="fedproto: rounds over which lambda ramps up linearly; 0: none")

@@ -66,11 +66,17 @@ class Scaffold(Strategy):
     algorithm = "scaffold"
     bootstrap_fields = ("weights", "control_delta")
 
-    def __init__(self, aggregator: Aggregator | AggregateFn, server_learning_rate: float = 1.0) -> None:
+    def __init__(self, aggregator: Aggregator | AggregateFn, server_learning_rate: float = 1.0,
+                 correct_head: bool = True) -> None:
         super().__init__(aggregator)
         if server_learning_rate <= 0:
             raise ValueError(f"scaffold's global learning rate must be positive, got {server_learning_rate}")
         self.server_learning_rate = server_learning_rate
+        self.correct_head = correct_head
+
+    def round_params(self, round_number: int) -> dict[str, float | int | bool]:
+        """Announced only off its default, so a round of the paper's SCAFFOLD reads as before."""
+        return {} if self.correct_head else {"correct_head": False}
 
     def check_update(self, update: Update) -> Reject | None:
         problem = super().check_update(update)
@@ -117,4 +123,5 @@ class Scaffold(Strategy):
 
 def build(settings: CoordinatorSettings) -> Scaffold:
     """The ``scaffold`` entry of ``coordinator/strategies/registry.py``."""
-    return Scaffold(build_aggregator(settings), server_learning_rate=settings.server_learning_rate)
+    return Scaffold(build_aggregator(settings), server_learning_rate=settings.server_learning_rate,
+                    correct_head=settings.scaffold_correct_head)

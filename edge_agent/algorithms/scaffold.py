@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from edge_agent.algorithms.base import ClientAlgorithm, model_fields, parameter_names
+from edge_agent.algorithms.base import AlgorithmParams, ClientAlgorithm, model_fields, parameter_names
 from edge_agent.algorithms.registry import register_client
 from edge_agent.data.datasets import Dataset
 from edge_agent.models import FedModel
@@ -41,12 +41,22 @@ from protocol.messages import GlobalState, LocalTraining
 log = logging.getLogger(__name__)
 
 FILE_PREFIX = "scaffold-"
+HEAD = "head."
+"""The classifier head's parameters (``FedModel.head``)."""
 _BEFORE, _AFTER, _ROUND = "before/", "after/", "round"
+
+
+class ScaffoldParams(AlgorithmParams):
+    correct_head: bool = True
+    """False (outside the paper): the classifier head (``head.*``) takes plain SGD steps; only the feature layers'
+    are corrected. Its variates are still kept and sent, so the server's arithmetic is unchanged."""
 
 
 class ScaffoldClient(ClientAlgorithm):
     name = "scaffold"
     dp_compatible = True  # the correction is data-independent; the variates derive from the private weights
+    params_model = ScaffoldParams
+    params: ScaffoldParams
 
     @property
     def state_name(self) -> str:
@@ -63,8 +73,9 @@ class ScaffoldClient(ClientAlgorithm):
         params = {name: self.start[name] for name in parameter_names(model)}
         self.server_control = self._server_control(global_state, params)
         self.control = self.load_control(params)
+        corrected = [n for n in params if self.params.correct_head or not n.startswith(HEAD)]
         self._correction = {name: torch.from_numpy(self.server_control[name] - self.control[name])
-                            .to(self.context.device) for name in params}
+                            .to(self.context.device) for name in corrected}
 
     def after_backward(self, model: FedModel) -> None:
         for name, p in model.named_parameters():

@@ -113,3 +113,12 @@ def assert_rejected(pattern: str, problem: Reject | None) -> None:
     import re
 
     assert problem is not None and re.search(pattern, f"{problem.reason.value}: {problem.detail}"), problem
+
+
+def test_a_head_left_uncorrected_is_announced_and_the_papers_scaffold_announces_nothing() -> None:
+    """``scaffold_correct_head`` false travels as the round's ``correct_head`` param; the default sends none, so a
+    round of the paper's algorithm reads as it did before the option existed."""
+    base = {"federation": "t", "enrollment": "open", "algorithm": "scaffold", "momentum": 0.0}
+    assert build_strategy(CoordinatorSettings(**base)).round_params(3) == {}
+    assert build_strategy(CoordinatorSettings(**base, scaffold_correct_head=False)).round_params(3) == {
+        "correct_head": False}

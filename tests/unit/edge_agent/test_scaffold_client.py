@@ -42,6 +42,30 @@ def test_an_update_carries_a_delta_and_a_control_delta_over_the_parameters_only(
     np.testing.assert_allclose(control_of(tmp_path)[names[0]], update.control_delta[names[0]], rtol=1e-6)
 
 
+def test_a_round_that_leaves_the_head_uncorrected_adds_c_minus_c_i_to_the_features_gradients_only(
+        tmp_path: Path) -> None:
+    """``correct_head`` false: after a backward pass the feature layers' gradients get c - c_i, the head's nothing
+    (plain SGD steps there); by default every parameter's does."""
+    data = digits_subset()
+    model = build_model(FAMILY, data.train.in_shape, 10, seed=0)
+    names = parameter_names(model)
+    weights = global_weights(FAMILY)
+    state = global_state(FAMILY, 2, weights=weights, control={n: np.full_like(weights[n], 0.05) for n in names})
+    for params, head_corrected in (({"correct_head": False}, False), ({}, True)):
+        client = ScaffoldClient(params, AgentStateDir(tmp_path / str(head_corrected)),
+                                RoundContext(RUN, 2, FAMILY, torch.device("cpu")))
+        client.begin(model, state)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        client.after_backward(model)
+        for name, p in model.named_parameters():
+            expected = 0.05 if head_corrected or not name.startswith("head.") else 0.0  # c_i is 0 in a first round
+            assert torch.allclose(p.grad, torch.full_like(p, expected)), (params, name)
+    with pytest.raises(ProtocolError, match="correct_head"):
+        ScaffoldClient({"correct_head": "maybe"}, AgentStateDir(tmp_path / "x"),
+                       RoundContext(RUN, 3, FAMILY, torch.device("cpu")))
+
+
 def test_the_variate_survives_a_restart_and_a_new_run_starts_from_zero(tmp_path: Path) -> None:
     data = digits_subset()
     first = make_worker(tmp_path, data).answer(announce("scaffold", 1, momentum=0.0), None)
