@@ -5,7 +5,7 @@ Its agents' stages (``secagg/{agent}/{round}/{stage}``) never cross the bridge. 
 does for its own sessions (``coordinator/round/secure.py``), every relay signed with its key, which the root's signed
 announcement names, so agents take the site's relays and nobody else's: keys once advertising closes (``advertise_s``
 after the announcement was issued), each agent's bundles once sharing closes (``share_s`` more), the survivors at
-the site's own deadline, the unmasked sum once the reveals hold enough shares (or ``unmask_s`` later). Then one
+the site's own deadline, the unmasked sum once every survivor revealed (or ``unmask_s`` later). Then one
 secure partial per family goes up the bridge with the unmasked ring sum (``PartialAggregate.ring_sum``), which the
 root reads back against the global state it holds: the site learns its agents' sum, the root each site's sum,
 neither one agent's input. Survivors are accepted (without a weight: the site knows only the total), the rest of
