@@ -20,8 +20,8 @@ from tests.bench_runner import run_bench
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 KEYS = ["central", "fedavg-iid", "fedavg-iid-cnn_large", "fedavg-iid-mlp_tiny", "fedavg-0.5", "fedprox-0.5",
-        "scaffold-0.5", "fedavg-0.1", "fedprox-0.1", "scaffold-0.1", "fedavg-0.1-bounded", "fedproto", "alone",
-        "fedproto-few-s0", "alone-few-s0"]
+        "scaffold-0.5", "fedavg-0.1", "fedprox-0.1", "scaffold-0.1", "scaffold-body-0.1", "fedavg-0.1-bounded",
+        "fedproto", "alone", "fedproto-few-s0", "alone-few-s0"]
 VERDICTS = ["centralised at least", "FedAvg IID within", "SCAFFOLD at or above FedAvg at Dir(0.1)",
             "FedProx at or above FedAvg at Dir(0.1)", "FedProto at or above alone, 3 classes/agent",
             "FedProto upload within", "FedProto at least 3 points above alone, few-shot",
@@ -51,6 +51,7 @@ def check_table(text: str, report: dict[str, Any], task: str, rounds: int, out: 
     bounds = {"claim_cap_multiple", "max_norm_ratio"}
     assert all(r["train"]["params"].keys() >= bounds for r in federated if r["key"] != "fedavg-0.1-bounded")
     assert not rows["fedavg-0.1-bounded"]["train"]["params"].keys() & bounds
+    assert rows["scaffold-body-0.1"]["train"]["params"]["scaffold_correct_head"] is False  # the head left plain
     # every row but the few-shot ones partitions the whole pool of this task's data
     for row in federated:
         samples = [s["samples"] for s in row["label_skew"]]
