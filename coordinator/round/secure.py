@@ -24,14 +24,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from coordinator.aggregation import AggregationError
-from coordinator.aggregation.running_mean import RunningMean, layout_key
 from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
 from coordinator.round import secure_plan, secure_sites
-from coordinator.round.secure_session import STAGES, Session, StageClock, take_stage
+from coordinator.round.secure_session import STAGES, Session, StageClock, sample_means, take_stage
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
@@ -300,15 +297,7 @@ class SecureRounds:
                                                        session.setup)
             return lambda: strategy.accumulate_prototype_sums(family, prototypes, counts, survivors)
         sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
-        cap = float(session.setup.weight_cap)  # in samples, as sites' sums of the same family are (secure_sites.py)
-        sums, weight = {p: {n: a * cap for n, a in arrays.items()} for p, arrays in sums.items()}, weight * cap
-        # One weight for every payload: the agent weighed its delta and control delta alike (sample-weighted
-        # means, as Scaffold.aggregate takes them in a plain round).
-        layouts = {"delta": session.like, "control_delta": session.control_like or {}}
-        means = {payload: RunningMean.of_sums(layout_key(layouts[payload]), payload_sums,
-                                              {n: np.zeros_like(a) for n, a in layouts[payload].items()
-                                               if a.dtype.kind != "f"}, weight, len(survivors), (0.0, ""))
-                 for payload, payload_sums in sums.items()}
+        means = sample_means(sums, weight, len(survivors), session.setup.weight_cap, session.like, session.control_like)
         return lambda: strategy.accumulate_sums(family, means, survivors)
 
     def _enter_answered(self, parts: EngineParts, run: RunState, open_round: OpenRound, session: Session,

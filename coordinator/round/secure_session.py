@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from coordinator.aggregation.running_mean import RunningMean, layout_key
 from protocol.messages import TrainMetrics
 from protocol.secagg.errors import SecAggRefused
 from protocol.secagg.messages import Advertisement, UnmaskResponse
@@ -73,3 +74,16 @@ def take_stage(server: SecAggServer, setup: SecureFamily, families: Collection[s
     else:
         server.receive_unmask_response(UnmaskResponse(agent, dict(message.self_mask_shares),
                                                       dict(message.key_shares)))
+
+
+def sample_means(sums: dict[str, dict[str, np.ndarray]], weight: float, count: int, cap: int,
+                 like: dict[str, np.ndarray], control_like: dict[str, np.ndarray] | None) -> dict[str, RunningMean]:
+    """A session's unmasked sums (``decode_sum``: payload -> array sums, in the session's weight units
+    min(samples, cap) / cap) as running means in samples: sessions of one family (the root's and the sites', each
+    with its own cap) then fold together. One weight for every payload: an agent weighed its delta and control
+    delta alike (sample-weighted means, as Scaffold.aggregate takes them in a plain round)."""
+    layouts = {"delta": like, "control_delta": control_like or {}}
+    return {payload: RunningMean.of_sums(layout_key(layouts[payload]), {n: a * cap for n, a in payload_sums.items()},
+                                         {n: np.zeros_like(a) for n, a in layouts[payload].items()
+                                          if a.dtype.kind != "f"}, weight * cap, count, (0.0, ""))
+            for payload, payload_sums in sums.items()}

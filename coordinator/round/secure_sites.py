@@ -14,11 +14,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from coordinator.admission.decisions import Reject
-from coordinator.aggregation.running_mean import RunningMean, layout_key
 from coordinator.reasons import RejectReason
+from coordinator.round.secure_session import sample_means
 from coordinator.state.rounds import OpenRound
 from protocol.partials import PartialAggregate
 from protocol.secagg.vector import decode_sum, quantiser
@@ -93,14 +91,7 @@ def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: Part
     if not 0.0 <= weight <= partial.count * (1.0 + 1e-6) + partial.count * quantiser(setup, session).step / setup.clip:
         return Reject(RejectReason.BAD_PARTIAL, f"its sum weighs {weight:.6g}, more than its {partial.count} survivors "
                                                 f"can (at most 1 each)")
-    # In samples, not the session's weight units (min(samples, cap) / cap): sites' caps differ, and their sums of one
-    # family fold together here (with the root's own session's, whose unit is its cap: folded apart, per family).
-    cap = float(session.weight_cap)
-    layouts = {"delta": state.weights, "control_delta": control or {}}
-    means = {payload: RunningMean.of_sums(layout_key(layouts[payload]), {n: a * cap for n, a in payload_sums.items()},
-                                          {n: np.zeros_like(a) for n, a in layouts[payload].items()
-                                           if a.dtype.kind != "f"}, weight * cap, partial.count, (0.0, ""))
-             for payload, payload_sums in sums.items()}
+    means = sample_means(sums, weight, partial.count, session.weight_cap, state.weights, control)
     if not parts.strategy.accumulate_sums(partial.family, means, members):
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
     open_round.folded_sites.add((partial.site_id, partial.family))
