@@ -28,7 +28,7 @@ from coordinator.aggregation import AggregationError
 from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
 from coordinator.round import secure_plan, secure_sites
-from coordinator.round.secure_session import STAGES, Session, StageClock, sample_means, take_stage
+from coordinator.round.secure_session import STAGES, TOPIC_STAGE, Session, StageClock, sample_means, take_stage
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
@@ -58,7 +58,6 @@ if TYPE_CHECKING:  # parts.py builds this driver
 
 log = logging.getLogger("coordinator.round.engine")
 
-TOPIC_STAGE = {"advertise": "advertise", "shares": "share", "masked": "mask", "reveal": "unmask"}
 FAILED = ("failed", "secure_aggregation")
 
 

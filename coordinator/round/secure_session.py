@@ -18,6 +18,8 @@ from protocol.secagg.vector import unpack_masked
 from protocol.secagg.wire import SecureFamily
 
 STAGES = ("advertise", "share", "mask", "unmask")
+TOPIC_STAGE = {"advertise": "advertise", "shares": "share", "masked": "mask", "reveal": "unmask"}
+"""The last level of an agent's stage topic -> the stage it answers."""
 
 
 @dataclass

@@ -34,10 +34,11 @@ from coordinator.fleet.agents import AgentRegistry
 from coordinator.fleet.enrollment import Enrollment
 from coordinator.policies.synchronous import SynchronousPolicy
 from coordinator.reasons import RejectReason
+from coordinator.round.secure_session import TOPIC_STAGE
 from coordinator.sites.folding import SiteRound
 from coordinator.sites.held import HeldUpdates
 from coordinator.sites.roster import RosterBook
-from coordinator.sites.secure import STAGE_OF_TOPIC, SiteSecureRound
+from coordinator.sites.secure import SiteSecureRound
 from coordinator.sites.settings import SiteSettings
 from coordinator.state.applied import AppliedVersions
 from coordinator.state.rounds import OpenRound
@@ -316,7 +317,7 @@ class SiteEngine:
         r = self.round
         try:
             parsed = self.topics.parse(topic)
-            if parsed.kind != "secagg" or parsed.stage not in STAGE_OF_TOPIC:
+            if parsed.kind != "secagg" or parsed.stage not in TOPIC_STAGE:
                 raise SecAggRefused(f"not an agent's stage topic: {topic[:120]}")
             received = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], self.intake.update_limits,
                                       self.intake.trust)
@@ -326,9 +327,10 @@ class SiteEngine:
                 raise SecAggRefused(f"signed by {received.signer}, naming {named}, on {parsed.agent_id}'s topic")
             if r is None or r.secure is None or (message.run_id, message.round) != (self.run_id, r.open.number):
                 raise SecAggRefused(f"round {message.round} is not a secure round open at this site")
-            r.secure.receive(sender, STAGE_OF_TOPIC[parsed.stage], message)
+            r.secure.receive(sender, TOPIC_STAGE[parsed.stage], message)
         except ProtocolError as exc:
             self.rejects.record("secagg", exc.reason.value, sender, exc.detail)
+            return  # refused: its bytes are not the site's agents' input
         except SecAggRefused as exc:
             self.rejects.record("secagg", RejectReason.SECAGG_REFUSED.value, sender, str(exc))
             return

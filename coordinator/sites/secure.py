@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.reasons import RejectReason
-from coordinator.round.secure_session import take_stage
+from coordinator.round.secure_session import STAGES, take_stage
 from protocol.messages import RoundAnnouncement, TrainMetrics
 from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.secagg.config import RoundConfig
@@ -33,9 +33,6 @@ from protocol.topics import Topics
 
 log = logging.getLogger(__name__)
 
-STAGES = ("advertise", "share", "mask", "unmask")
-STAGE_OF_TOPIC = {"advertise": "advertise", "shares": "share", "masked": "mask", "reveal": "unmask"}
-"""The last level of an agent's stage topic -> the stage it answers."""
 Relay = tuple[str, Any]
 """(topic, message) for the site's broker, to be signed with the site's key."""
 
