@@ -51,6 +51,7 @@ from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
 from protocol.transport.chunking import Reassembler, receive
 from protocol.transport.mqtt import BrokerAddress
+from protocol.transport.sockets import disable_nagle
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import decode_message, encode_message
 
@@ -88,7 +89,7 @@ class Publisher:
         client.max_inflight_messages_set(WINDOW_MESSAGES + 100)
         client.max_queued_messages_set(0)
         client.on_publish = self._on_publish
-        client.on_connect = lambda *args: self._connected.set()
+        client.on_connect = self._on_connect
         self._connected = threading.Event()
         self.client = client
         self.address = address
@@ -102,6 +103,10 @@ class Publisher:
         self.stopping = threading.Event()
         self.errors: list[str] = []
         self._thread = threading.Thread(target=self._work, name=f"pub-{name}", daemon=True)
+
+    def _on_connect(self, client: paho.Client, *args: object) -> None:
+        disable_nagle(client)  # as the system's own links do (protocol/transport/sockets.py)
+        self._connected.set()
 
     def start(self) -> None:
         self.client.connect(self.address.host, self.address.port, keepalive=60)
@@ -259,6 +264,7 @@ class LightFleet:
 
     # -- hearing the coordinator ---------------------------------------------------------
     def _on_connect(self, client: paho.Client, userdata: object, flags: object, reason: object, props: object) -> None:
+        disable_nagle(client)
         t = self.topics
         client.subscribe([(t.coordinator_status, 1), (t.rounds_current, 1), (t.global_states_of(self.family), 1)])
 
@@ -388,6 +394,7 @@ def sink_main(url: str, topic: str, count: int) -> int:
                          protocol=paho.MQTTv311)
 
     def on_connect(c: paho.Client, u: object, f: object, r: object, p: object) -> None:
+        disable_nagle(c)
         c.subscribe(f"{topic}/#", qos=1)
 
     def on_subscribe(c: paho.Client, u: object, mid: int, r: object, p: object) -> None:

@@ -207,6 +207,7 @@ class MosquittoBroker(LocalBroker):
             # Unbounded queues: a slow agent must not lose QoS 1 global states mid-demo.
             "max_queued_messages 0",
             "max_inflight_messages 0",
+            "set_tcp_nodelay true",
         ]
         if self.max_packet_bytes:
             lines.append(f"max_packet_size {self.max_packet_bytes}")

@@ -49,13 +49,17 @@ class EngineDriver:
     def __init__(self, engine: RoundEngine, outbox: Outbox, store: CheckpointStore, *,
                  background: Executor | None = None,
                  on_round_closed: Callable[[RoundSummary], None] | None = None,
-                 on_resumed: Callable[[RoundSummary | None], None] | None = None) -> None:
+                 on_resumed: Callable[[RoundSummary | None], None] | None = None,
+                 on_job_done: Callable[[], None] | None = None) -> None:
+        """``on_job_done``: called on the job's thread when a closing job finishes, so that a caller waiting for
+        input wakes and applies it at once instead of at its next poll."""
         self.engine = engine
         self.outbox = outbox
         self.store = store
         self.background = background or InlineExecutor()
         self.on_round_closed = on_round_closed
         self.on_resumed = on_resumed
+        self.on_job_done = on_job_done
         self._closing: Future[Closure] | None = None
 
     @property
@@ -91,6 +95,10 @@ class EngineDriver:
         self.perform(tick.actions)
         return 0.0 if self._closing is not None and self._closing.done() else tick.wait_s
 
+    def _job_done(self, _: Future[Closure]) -> None:
+        assert self.on_job_done is not None
+        self.on_job_done()
+
     # -- actions out ----------------------------------------------------------------------
     def perform(self, actions: Iterable[Action]) -> None:
         for action in actions:
@@ -104,6 +112,8 @@ class EngineDriver:
                 if self._closing.done():  # inline: apply at once, as the next tick would
                     future, self._closing = self._closing, None
                     self.perform(self.engine.closed(future.result()))
+                elif self.on_job_done is not None:
+                    self._closing.add_done_callback(self._job_done)
             elif isinstance(action, RoundClosed):
                 if self.on_round_closed is not None:
                     self.on_round_closed(action.summary)

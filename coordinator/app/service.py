@@ -33,6 +33,8 @@ DRAIN_MAX = 1000
 """Messages handled between two ticks at most."""
 INBOX_BYTES = 64 * 1024 * 1024
 """Payload bytes received but not yet handled; past this the network thread waits (see inbox.py)."""
+WAKE = ("wake", None, None)
+"""Control item: a round's closing job finished; the loop ticks next, to apply it without waiting for a poll."""
 
 
 class CoordinatorService:
@@ -45,7 +47,8 @@ class CoordinatorService:
         self.engine = RoundEngine(settings, build_strategy(settings), self.metrics,
                                   signing_key=load_or_create_signing_key(settings.signing_key_path))
         self.driver = EngineDriver(self.engine, self, CheckpointStore(settings.state_dir), background=self._background,
-                                   on_round_closed=self._round_closed, on_resumed=self._resumed)
+                                   on_round_closed=self._round_closed, on_resumed=self._resumed,
+                                   on_job_done=lambda: self._inbox.put_control(WAKE))
         parts = self.engine.parts
         # Queued per sender and served in turn; what no enrolled agent sent is dropped before queueing (gate.py).
         self._gate = SenderGate(parts.topics, self.metrics, parts.enrollment)
@@ -106,6 +109,8 @@ class CoordinatorService:
             taken = self._openers.next(timeout=wait)
             handled = 0
             while taken is not None:  # drain what else arrived before ticking again (deadlines wait for no backlog)
+                if taken[0] is WAKE:
+                    break
                 self._dispatch(*taken)
                 handled += 1
                 taken = self._openers.next(timeout=0) if handled < DRAIN_MAX else None

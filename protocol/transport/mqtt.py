@@ -40,6 +40,7 @@ from protocol.transport.address import BrokerAddress as BrokerAddress
 from protocol.transport.address import check_tls_file as check_tls_file
 from protocol.transport.address import check_tls_files as check_tls_files
 from protocol.transport.address import tls_file_setting as tls_file_setting
+from protocol.transport.sockets import disable_nagle
 
 log = logging.getLogger(__name__)
 
@@ -332,6 +333,7 @@ class MqttLink:
             log.error("broker %s refused the connection of %s: %s", self.address, self.client_id, reason_code)
             return
         self.backoff.reset()
+        disable_nagle(client)
         for topic, qos in self.subscriptions:
             result, mid = client.subscribe(topic, qos)
             if result == MQTTErrorCode.MQTT_ERR_SUCCESS:

@@ -201,6 +201,33 @@ def test_the_loop_keeps_serving_while_a_round_aggregates(tmp_path: Path) -> None
     assert metrics.registry.get_sample_value("fl_round_phase_seconds_count", {"phase": "aggregate"}) == 1
 
 
+def test_a_finished_closing_job_wakes_whoever_waits_for_input(tmp_path: Path) -> None:
+    """The service's loop waits on its inbox between ticks: the closing job's end wakes it (on the job's thread),
+    so the round is applied then rather than at the next poll."""
+    clock = Clock()
+    engine, _, _ = make_engine(tmp_path, clock)
+    release, woken = threading.Event(), threading.Event()
+    aggregate = engine.strategy.aggregate
+
+    def held_aggregate(*args: object, **kwargs: object) -> object:
+        assert release.wait(30), "the test never released the aggregation"
+        return aggregate(*args, **kwargs)
+
+    engine.strategy.aggregate = held_aggregate  # type: ignore[method-assign]
+    engine.on_job_done = woken.set
+    with ThreadPoolExecutor(max_workers=1) as background:
+        engine.background = background
+        hello(engine, "a"), hello(engine, "b")
+        engine.tick()
+        send(engine, engine_update(engine, "a", 1)), send(engine, engine_update(engine, "b", 1))
+        engine.tick()  # closes round 1 in the background
+        assert engine.run.closing and not woken.is_set()
+        release.set()
+        assert woken.wait(30), "the finished job woke nobody"
+        engine.tick()  # what the woken loop does first
+    assert not engine.run.closing and engine.strategy.states["f"].round == 2
+
+
 @pytest.mark.parametrize("budget", [1 << 30, 0], ids=["in-memory", "spilled"])
 @pytest.mark.parametrize("clip", [None, 2.0])
 def test_robust_rules_read_row_matrices_exactly_like_separate_updates(tmp_path: Path, budget: int,
