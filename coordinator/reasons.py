@@ -45,6 +45,9 @@ class RejectReason(str, Enum):
     none of them (it does not average a possible attacker in)."""
     STALE_ROSTER = "stale_roster"
     """A site's roster no newer than one the root took from it (a replay, or a site clock set back)."""
+    HELD_ELSEWHERE = "held_elsewhere"
+    """A site's roster claims an agent that is live behind another site, or that speaks to the root itself:
+    the claim is ignored (a site could otherwise pull another's agents into its own secure sessions)."""
     SECURE_ONLY = "secure_only"
     """A plain training update in a securely aggregated round: only masked inputs count there."""
     SECAGG_REFUSED = "secagg_refused"

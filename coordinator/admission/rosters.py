@@ -30,8 +30,28 @@ class RosterOrder:
     newest: dict[str, tuple[float, int]] = field(default_factory=dict)
     asked: dict[str, float] = field(default_factory=dict)
     site_of: dict[str, str] = field(default_factory=dict)
-    """Agent -> the site whose roster last vouched for it (a secure round serves it there); gone when it speaks
-    to the root itself."""
+    """Agent -> the site whose roster vouched for it (a secure round serves it there); gone when it speaks to the
+    root itself."""
+    direct: set[str] = field(default_factory=set)
+    """Agents heard from directly (their own signed status), not through a site."""
+
+    def may_claim(self, agent_id: str, site: str, live: bool) -> bool:
+        """Whether ``site``'s roster may vouch for ``agent_id``: unless it is held elsewhere (another site's, or
+        the root's own) and still ``live`` there. An agent moves between sites only once its old place lost it."""
+        holder = self.site_of.get(agent_id, "" if agent_id in self.direct else None)
+        return holder is None or holder == site or not live
+
+    def bind(self, agent_id: str, site: str) -> None:
+        self.direct.discard(agent_id)
+        self.site_of[agent_id] = site
+
+    def speaks_directly(self, agent_id: str) -> None:
+        self.site_of.pop(agent_id, None)
+        self.direct.add(agent_id)
+
+    def forget(self, agent_id: str) -> None:
+        self.site_of.pop(agent_id, None)
+        self.direct.discard(agent_id)
 
     def staleness(self, roster: SiteRoster) -> str | None:
         """Why ``roster`` is not newer than the last one taken from its site, or None. Reads only."""

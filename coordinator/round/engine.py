@@ -124,7 +124,7 @@ class RoundEngine:
                                     applying.admission_view(parts, run, now))
             applying.apply_status(parts, run, inbound.agent_id, inbound.status, decision, now)
             if not isinstance(decision, Reject):
-                parts.rosters.site_of.pop(inbound.agent_id, None)  # it speaks to the root itself now
+                parts.rosters.speaks_directly(inbound.agent_id)  # no site's roster may take it while it is live
         elif isinstance(inbound, UpdateIn):
             self._admit(inbound)
         elif isinstance(inbound, PartialIn):  # a site aggregator's fold of its agents' updates

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import logging
 
+from coordinator.admission.decisions import Reject
 from coordinator.admission.intake import RosterIn
 from coordinator.admission.rosters import admit_roster, admit_vouched_status
+from coordinator.reasons import RejectReason
 from coordinator.round import applying
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
@@ -33,18 +35,38 @@ def apply_roster(parts: EngineParts, run: RunState, inbound: RosterIn) -> None:
     parts.rosters.take(roster)
     now = parts.clock()
     view = applying.admission_view(parts, run, now)
+    held: list[str] = []
+
+    def claimable(agent_id: str) -> bool:
+        record = parts.registry.get(agent_id)
+        live = record is not None and record.heard_within(now, parts.settings.agent_timeout_s)
+        if parts.rosters.may_claim(agent_id, site, live):
+            return True
+        held.append(agent_id)
+        return False
+
     for status in roster.statuses:
-        applying.apply_status(parts, run, status.agent_id, status, admit_vouched_status(status, site, view), now)
-        parts.rosters.site_of[status.agent_id] = site
+        if not claimable(status.agent_id):
+            continue
+        decision = admit_vouched_status(status, site, view)
+        applying.apply_status(parts, run, status.agent_id, status, decision, now)
+        if not isinstance(decision, Reject):
+            parts.rosters.bind(status.agent_id, site)
     for agent_id in roster.gone:
-        applying.forget(parts, agent_id)
-        parts.rosters.site_of.pop(agent_id, None)
+        if parts.rosters.may_claim(agent_id, site, live=True):  # a site forgets only its own (or unplaced) agents
+            applying.forget(parts, agent_id)
+            parts.rosters.forget(agent_id)
+    present = [agent_id for agent_id in roster.present or () if claimable(agent_id)]
+    if held:
+        parts.rejects.record("site_roster", RejectReason.HELD_ELSEWHERE.value, site,
+                             f"claims {len(held)} agents live elsewhere: {', '.join(sorted(set(held))[:5])}")
     if roster.present is None:
         return
-    parts.rosters.site_of.update((agent_id, site) for agent_id in roster.present)
-    unknown = parts.registry.touch(roster.present, now)
+    for agent_id in present:
+        parts.rosters.bind(agent_id, site)
+    unknown = parts.registry.touch(present, now)
     if unknown and parts.rosters.may_ask(site, now):
-        everyone = len(unknown) == len(roster.present)
+        everyone = len(unknown) == len(present)
         log.info("site %s: asking for the statuses of %s", site,
                  f"all its {len(unknown)} agents" if everyone else f"{len(unknown)} agents not known here")
         request = SiteResync(site_id=site, issued_at=parts.wall_clock(),

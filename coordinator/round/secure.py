@@ -74,6 +74,10 @@ class SecureRounds:
         self.at_sites: dict[tuple[str, str], SecureFamily] = {}  # the sessions site aggregators serve this round
         self.ledger = CentralPrivacyLedger(settings.secagg_dp_delta) if settings.secagg_noise_multiplier else None
         """Distributed DP: what the released noisy sums cost (checkpointed with the run)."""
+        self.unmasked: list[SecureFamily] = []
+        """The root's own sessions whose sums this round unmasked: released, whatever happens to the round after."""
+        self.charged = False
+        """Whether this round's releases were charged to the ledger (once, whether the round completes or fails)."""
 
     # -- opening ---------------------------------------------------------------------------
     def plan(self, parts: EngineParts, announcement: RoundAnnouncement,
@@ -94,6 +98,7 @@ class SecureRounds:
         assert open_round is not None
         setup = open_round.announcement.secure
         self.sessions, self.family_of, self.setup, self.clock = {}, {}, setup, StageClock()
+        self.unmasked, self.charged = [], False
         self.at_sites = secure_sites.expected(setup)
         if setup is None:
             self.round = None
@@ -268,11 +273,13 @@ class SecureRounds:
         """Distributed DP: the sums just released spend one mechanism of the announced noise (at least: a family's
         sum of n >= shares survivors carries sqrt(n / shares) times more noise)."""
         setup = self.setup
-        released = [session.setup for session in self.sessions.values()] + secure_sites.released(open_round, self.at_sites)
-        if setup is None or setup.noise is None or self.ledger is None or open_round.secure is None or not released:
+        released = self.unmasked + secure_sites.released(open_round, self.at_sites)
+        if (setup is None or setup.noise is None or self.ledger is None or open_round.secure is None or not released
+                or self.charged):
             return
         noise = setup.noise
         self.ledger.spend(round_rdp(setup, released))
+        self.charged = True
         epsilon = self.ledger.epsilon
         parts.metrics.secagg_dp_epsilon.set(epsilon)
         open_round.secure["noise"] = {"mechanism": noise.mechanism, "noise_multiplier": noise.noise_multiplier,
@@ -289,6 +296,7 @@ class SecureRounds:
         setup = self.setup
         assert setup is not None
         total = session.server.finish()
+        self.unmasked.append(session.setup)  # seen from here on: charged even if a later session fails the round
         survivors = set(session.server.survivors)
         strategy, family = parts.strategy, session.family
         if session.prototypes is not None:
@@ -296,6 +304,10 @@ class SecureRounds:
                                                        session.setup)
             return lambda: strategy.accumulate_prototype_sums(family, prototypes, counts, survivors)
         sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
+        least = secure_sites.least_weight(parts, survivors, session.setup.weight_cap)
+        implausible = secure_sites.plausible_sum(sums["delta"], weight, least, len(survivors), setup, session.setup)
+        if implausible is not None:  # one agent's input can be anything in the ring: fail rather than apply it
+            raise ValueError(f"{family}'s unmasked sum is refused: {implausible}")
         means = sample_means(sums, weight, len(survivors), session.setup.weight_cap, session.like, session.control_like)
         return lambda: strategy.accumulate_sums(family, means, survivors)
 
@@ -359,3 +371,4 @@ class SecureRounds:
         open_round.updates.clear()
         open_round.ending, open_round.secure_done = FAILED, True
         self.clock.stage = "done"
+        self._account_noise(parts, open_round)  # sums unmasked before the failure were released all the same

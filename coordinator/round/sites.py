@@ -24,7 +24,7 @@ from coordinator.reasons import RejectReason
 from coordinator.round import applying
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
-from coordinator.round.secure_sites import fold_secure_partial
+from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
 from protocol.errors import Reason
 from protocol.messages import TrainMetrics, Update
 from protocol.partials import PartialAggregate
@@ -45,8 +45,11 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         return
     assert run.open is not None
     accepted = {a: o for a, o in partial.outcomes.items() if o.outcome == "accepted"}
-    if partial.secure:  # a site's unmasked SecAgg+ sum: read back against the state held here
-        problem = fold_secure_partial(parts, run.open, partial, set(accepted)) if partial.count else None
+    session = expected(run.open.announcement.secure).get((site, partial.family))
+    if partial.secure or session is not None:  # a site's unmasked SecAgg+ sum: read back against the state held here
+        problem = check_secure_partial(partial, session)
+        if problem is None and partial.count:
+            problem = fold_secure_partial(parts, run.open, partial, set(accepted))
         if problem is not None:
             refuse(parts, run, site, problem)
             return

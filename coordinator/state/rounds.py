@@ -34,9 +34,11 @@ class OpenRound:
     clipped_norms: list[str] = field(default_factory=list)
     """Agents whose delta was clipped to the round's median-based bound."""
     partials: set[tuple[str, str]] = field(default_factory=set)
+    """(site, family) of every site's partial aggregate taken in (coordinator/round/sites.py)."""
     folded_sites: set[tuple[str, str]] = field(default_factory=set)
     """(site, family) whose secure partial's unmasked sum was folded (``coordinator/round/secure_sites.py``)."""
-    """(site, family) of every site's partial aggregate taken in (coordinator/round/sites.py)."""
+    decoded_sites: set[tuple[str, str]] = field(default_factory=set)
+    """(site, family) whose unmasked sum the root read, folded or refused after: a release distributed DP charges."""
     settled: set[str] = field(default_factory=set)
     """Agents a site reported as rejected or straggling: they cannot answer this round any more."""
     site_stragglers: set[str] = field(default_factory=set)

@@ -106,7 +106,7 @@ def affordable_rounds(per_round: np.ndarray, delta: float, target_epsilon: float
     while epsilon_of(high * per_round, delta)[0] <= target_epsilon:
         low, high = high, high * 2
         if high > 1 << 30:
-            return high
+            return low  # checked to cost no more than the target: enough rounds for any run
     while high - low > 1:  # epsilon grows with rounds: bisect
         middle = (low + high) // 2
         if epsilon_of(middle * per_round, delta)[0] <= target_epsilon:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from coordinator.round.secure_plan import fine_enough
+from coordinator.round.secure_plan import NOISE_SIGMAS, fine_enough
 from coordinator.settings import CoordinatorSettings
 from protocol.secagg.accounting import SKELLAM_MAX_POISSON, epsilon_of, gaussian_rdp, round_rdp, skellam_levels
 from protocol.secagg.ring import ring_bits, signed
@@ -95,7 +95,7 @@ def test_a_noisy_secure_round_is_announced_accounted_and_remembered_across_a_res
     assert ann.secure is not None and ann.secure.noise is not None
     noise = ann.secure.noise
     assert (noise.noise_multiplier, noise.clip_norm, noise.shares, noise.mechanism) == (0.5, 1.0, 2, mechanism)
-    assert ann.secure.clip == pytest.approx(1.0 + 7 * 0.5 / np.sqrt(2))
+    assert ann.secure.clip == pytest.approx(1.0 + NOISE_SIGMAS * 0.5 / np.sqrt(2))
     for participant in fleet.agents.values():
         participant.begin(ann)
     fleet.pump()
