@@ -45,6 +45,8 @@ class RejectReason(str, Enum):
     none of them (it does not average a possible attacker in)."""
     STALE_ROSTER = "stale_roster"
     """A site's roster no newer than one the root took from it (a replay, or a site clock set back)."""
+    BAD_COUNTS = "bad_counts"
+    """FedProto: per-class prototype counts summing to more than the update's claimed samples."""
     HELD_ELSEWHERE = "held_elsewhere"
     """A site's roster claims an agent that is live behind another site, or that speaks to the root itself:
     the claim is ignored (a site could otherwise pull another's agents into its own secure sessions)."""

@@ -366,15 +366,15 @@ class EdgeAgent:
         sent.session = coordinator.session
 
     def _on_global_state(self, round_number: int, payload: bytes) -> None:
-        if not payload:
-            self.global_states.pop(round_number, None)
+        if not payload:  # an emptied retained topic, which anyone may publish: keeping the newest two is cleanup enough
             return
         received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS, self._trust)
         if received is None:  # more chunks to come
             return
         message = received.message
-        if message.round != round_number:
-            log.warning("ignored a global state that does not match its topic")
+        if message.round != round_number or message.family != self.worker.family:
+            topic = self.topics.global_state(self.worker.family, round_number)
+            self._drop(topic, "topic_mismatch", f"a state of {message.family} round {message.round} on {topic}")
             return
         if not self._fresh(self.topics.global_state(message.family, round_number), message.epoch, message.run_id):
             return  # else an older run's states, kept as the newest two, would push out this run's

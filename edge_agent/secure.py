@@ -146,9 +146,11 @@ class SecureParticipant:
             return
         message: Message = decode_trusted(payload, STAGE_MESSAGES[parsed.stage], _RELAY_LIMITS,
                                           self._relay_trust or trust).message
+        if message.round != parsed.round:  # type: ignore[attr-defined]
+            return  # a genuine relay republished on another round's topic: the signed round is what counts
         if isinstance(message, SecureUnmask) and message.family == self.family:
             self._note_survivors(message)
-        if self.client is None or self.round != (getattr(message, "run_id", None), parsed.round):
+        if self.client is None or self.round != (message.run_id, message.round):  # type: ignore[attr-defined]
             return  # another round's, or a round this agent is not part of
         if isinstance(message, SecureKeys) and message.family == self.family:
             self._guarded(lambda: self._share(message))

@@ -104,7 +104,10 @@ def read_array(buffer: memoryview, start: int, length: int, budget: ArrayBudget)
     if any(d > MAX_DIM for d in dims):
         raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array dimension over {MAX_DIM}")
     count = math.prod(dims)
-    if count > limits.max_array_elements or count > budget.elements_left:
+    # An empty array's other dimensions count too: numpy refuses a shape whose non-zero product overflows
+    # (with a ValueError no receiver expects), and no real array is 0 x 2^62.
+    extent = math.prod(d for d in dims if d)
+    if count > limits.max_array_elements or count > budget.elements_left or extent > limits.max_array_elements:
         raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"array of shape {dims} is over the element limit")
     budget.elements_left -= count
     dtype = np.dtype(dtype_str)
@@ -114,7 +117,10 @@ def read_array(buffer: memoryview, start: int, length: int, budget: ArrayBudget)
             f"array {dtype_str}{list(dims)} declares {count * dtype.itemsize} bytes, carries {end - data_at}",
         )
     if count == 0:
-        return np.empty(dims, dtype=dtype)
+        try:
+            return np.empty(dims, dtype=dtype)
+        except ValueError:  # numpy's own size check, on limits looser than any real array needs
+            raise ProtocolError(Reason.TOO_MANY_ELEMENTS, f"empty array of shape {dims} is too large") from None
     array = np.frombuffer(buffer, dtype=dtype, count=count, offset=data_at).reshape(dims)
     array.flags.writeable = False  # a view of the caller's payload, which may be a bytearray
     return array

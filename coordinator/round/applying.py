@@ -82,7 +82,6 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
 def forget(parts: EngineParts, agent_id: str) -> None:
     """A cleared retained status (decommissioned), or silent past ``forget_agents_after_s``."""
     parts.registry.forget(agent_id)
-    parts.applied.forget(agent_id)
     parts.privacy.forget(agent_id)
     parts.labels.forget(agent_id)
 
@@ -91,8 +90,15 @@ def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision:
     if isinstance(decision, Accept):
         _accept(parts, run, inbound, decision)
     elif isinstance(decision, Defer):
+        agent_id = inbound.update.agent_id
+        if any(waiting.update.agent_id == agent_id for waiting in run.deferred):
+            # One waits per agent: its updates are checked only once they are taken, so more would let one
+            # agent fill the queue with junk and crowd out everyone else's.
+            refuse_update(parts, run, agent_id, Reject(
+                RejectReason.DEFERRED_OVERFLOW, f"an update of {agent_id} already waits"))
+            return
         if len(run.deferred) >= max(MIN_DEFERRED, 2 * parts.settings.buffer_size):
-            refuse_update(parts, run, inbound.update.agent_id, Reject(
+            refuse_update(parts, run, agent_id, Reject(
                 RejectReason.DEFERRED_OVERFLOW, f"{len(run.deferred)} updates already wait"))
             return
         run.deferred.append(inbound)
@@ -118,6 +124,8 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
     run.open.bytes_in += inbound.size
     m.updates.labels("accepted").inc()
     run.open.updates[update.agent_id] = update  # answered; replaced by what the strategy keeps once folded
+    if accept.norm is not None and update.control_delta:  # SCAFFOLD: control deltas get a median of their own
+        run.norm_gate.norms.observe(_control(update.family), l2_norm(update.control_delta))
     if accept.norm is None:
         _fold(parts, run, update, accept.weight)
     else:  # deltas are clipped against the round's median norm, once there is one
@@ -133,11 +141,19 @@ def _fold(parts: EngineParts, run: RunState, update: Update, weight: float, boun
     assert run.open is not None
     if bound is not None:
         delta, was_clipped = clipped(update.delta, l2_norm(update.delta), bound)
-        if was_clipped:
-            update = update.model_copy(update={"delta": delta})
+        control_bound = run.norm_gate.norms.bound(_control(update.family)) if update.control_delta else None
+        control, control_clipped = clipped(update.control_delta, l2_norm(update.control_delta), control_bound)
+        if was_clipped or control_clipped:
+            update = update.model_copy(update={"delta": delta, "control_delta": control})
             run.open.clipped_norms.append(update.agent_id)
             parts.metrics.updates_clipped.labels("norm").inc()
     run.open.updates[update.agent_id] = parts.strategy.accumulate(update, weight)
+
+
+def _control(family: str) -> str:
+    """The norm gate's key for a family's SCAFFOLD control deltas: the server's variate moves by their mean, so one
+    device's must not be unbounded (it would steer every agent's correction)."""
+    return f"{family}/control"
 
 
 def release_held(parts: EngineParts, run: RunState) -> None:

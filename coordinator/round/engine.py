@@ -212,7 +212,8 @@ class RoundEngine:
         run.gauges_refreshed = now
         for agent_id in parts.registry.forget_silent(now, parts.settings.forget_agents_after_s):
             parts.privacy.forget(agent_id)
-            parts.applied.forget(agent_id)
+        # Applied versions stay while an update of theirs could still be taken (within max_staleness).
+        parts.applied.prune(run.current_round - parts.settings.max_staleness - 1)
         if len(parts.labels) > len(parts.registry):  # the registry evicted some when full
             parts.labels.prune(lambda agent_id: parts.registry.get(agent_id) is not None)
         parts.metrics.set_online(parts.registry.online_by_device(now), denied=parts.registry.denied_by_device(now))

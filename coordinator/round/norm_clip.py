@@ -10,7 +10,12 @@ counts, at most ``ratio`` times the median.
 The median needs a few values to mean anything: the first ``HOLD`` deltas of a family in a round
 are held (a few models' worth of memory, whatever the fleet's size) and folded once that many
 arrived, or when the round closes; later deltas are clipped as they arrive against the median of
-all the family's norms so far (a running median: two heaps, O(log n) per delta).
+all the family's norms so far (a running median: two heaps, O(log n) per delta). Of an even count
+the lower middle value is taken: with two deltas, the larger (perhaps an attacker's) sets nothing.
+A round that closes with fewer than ``HOLD`` deltas of a family clips them against the lower of its
+own median and the last median that did rest on ``HOLD`` or more: one attacker alone in a round
+would otherwise be clipped against its own norm. That only ever lowers the bound, so it cannot
+ratchet up.
 """
 
 from __future__ import annotations
@@ -50,19 +55,20 @@ class RunningMedian:
         return len(self._low) + len(self._high)
 
     def median(self) -> float:
+        """The middle value; of an even count, the lower of the two middle ones."""
         if not self:
             raise ValueError("no values")
-        if len(self._low) > len(self._high):
-            return -self._low[0]
-        return (-self._low[0] + self._high[0]) / 2
+        return -self._low[0]
 
 
 class RoundNorms:
     """One round's norms per family, and the bound each delta is clipped to. Owned by the engine."""
 
-    def __init__(self, ratio: float) -> None:
+    def __init__(self, ratio: float, trusted: Mapping[str, float] | None = None) -> None:
+        """``trusted``: per family, the last median that rested on at least ``HOLD`` norms (``carried``)."""
         self.ratio = ratio
         self._medians: dict[str, RunningMedian] = {}
+        self.trusted = dict(trusted or {})
 
     def observe(self, family: str, norm: float) -> None:
         self._medians.setdefault(family, RunningMedian()).add(norm)
@@ -76,7 +82,16 @@ class RoundNorms:
         median = self._medians.get(family)
         if self.ratio <= 0 or median is None or not median:
             return None
-        return self.ratio * median.median()
+        value = median.median()
+        if len(median) < HOLD and family in self.trusted:
+            value = min(value, self.trusted[family])
+        return self.ratio * value
+
+    def carried(self) -> dict[str, float]:
+        """What the next round's norms trust: each family's median of this round where it rested on ``HOLD`` or
+        more norms, else the one this round trusted."""
+        return {**self.trusted, **{family: median.median() for family, median in self._medians.items()
+                                   if len(median) >= HOLD}}
 
 
 def clipped(delta: Mapping[str, np.ndarray], norm: float, bound: float | None) -> tuple[dict[str, np.ndarray], bool]:

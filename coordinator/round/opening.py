@@ -68,7 +68,7 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     if parts.secure is not None:  # a secure round declares its sessions (coordinator/round/secure.py)
         announcement = parts.secure.plan(parts, announcement, {r.agent_id: r for r in pool if r.agent_id in chosen})
     claims = [r.status.num_samples for r in pool if r.agent_id in chosen]
-    median_claim = float(statistics.median(claims)) if claims else None
+    median_claim = float(statistics.median_low(claims)) if claims else None  # of two claims, the lower
     plain = encode_message(announcement)
     parts.actions.add(Save(OPEN_ROUND, {"run_id": run.run_id, "round": number, "announcement": plain,
                                         "wanted": wanted, "median_claim": median_claim}))
@@ -123,4 +123,4 @@ def begin(parts: EngineParts, run: RunState) -> None:
     parts.strategy.begin_round(len(run.open.selected),
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                                spill_dir=parts.settings.state_dir / "spill")
-    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio))
+    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried()))

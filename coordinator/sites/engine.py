@@ -218,7 +218,7 @@ class SiteEngine:
         deadline = now + max(0.0, self.settings.site_deadline_fraction * announcement.deadline_s - age)
         claims = [r.status.num_samples for a in announcement.selected if (r := self.registry.get(a)) is not None]
         open_round = OpenRound(announcement, payload, deadline, now, len(announcement.selected),
-                               median_claim=float(statistics.median(claims)) if claims else None)
+                               median_claim=float(statistics.median_low(claims)) if claims else None)
         self.payloads.announcement = announcement
         self._mine_now = None
         self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio, self.rule)

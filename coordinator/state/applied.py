@@ -21,8 +21,11 @@ class AppliedVersions:
     def newest(self, agent_id: str) -> int | None:
         return self._newest.get(agent_id)
 
-    def forget(self, agent_id: str) -> None:
-        self._newest.pop(agent_id, None)
+    def prune(self, below: int) -> None:
+        """Let go of agents whose newest applied version is under ``below``: any update of theirs that could be
+        replayed is older still, and refused as too stale before this is asked. (Not per agent: an agent being
+        forgotten, on an unsigned empty status say, must not make its captured update count again.)"""
+        self._newest = {agent: version for agent, version in self._newest.items() if version >= below}
 
     def state_dict(self) -> dict[str, int]:
         return dict(self._newest)

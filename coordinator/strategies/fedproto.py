@@ -66,7 +66,7 @@ def aggregate_prototypes(aggregator: AggregateFn, prototypes: Sequence[np.ndarra
             continue
         mean = aggregator([{"proto": prototypes[i][c]} for i in holders], [float(counts[i][c]) for i in holders])
         merged[c] = mean["proto"]
-        totals[c] = sum(int(counts[i][c]) for i in holders)
+        totals[c] = min(sum(int(counts[i][c]) for i in holders), np.iinfo(np.int64).max)  # admission bounds them
     return merged, totals
 
 
@@ -132,6 +132,12 @@ class FedProto(Strategy):
         if self.prototypes is not None and update.prototypes.shape != self.prototypes.shape:
             return Reject(RejectReason.BAD_SHAPE, f"prototypes are {list(update.prototypes.shape)}, "
                                                   f"expected {list(self.prototypes.shape)}")
+        # The counts weigh each class's prototype: tied to the sample count, which admission caps (a count past
+        # it would let one device own a class, and a huge one overflowed the merge's int64 totals).
+        counted = sum(int(c) for c in update.prototype_counts.reshape(-1))
+        if counted > update.num_samples:
+            return Reject(RejectReason.BAD_COUNTS, f"prototype_counts sum to {counted}, more than the "
+                                                   f"{update.num_samples} samples claimed")
         return None
 
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,15 +14,16 @@ from coordinator.round.norm_clip import HOLD, NormGate, RoundNorms, RunningMedia
 from coordinator.telemetry.evaluation import federated_metrics
 from protocol.messages import TrainMetrics, Update
 from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import Clock, hello, make_engine
 
 
-def test_the_running_median_is_the_median() -> None:
+def test_the_running_median_is_the_low_median() -> None:
     rng = random.Random(0)
     median, seen = RunningMedian(), []
     for _ in range(500):
         value = rng.choice([rng.random(), rng.random() * 1e9, 0.0])
         median.add(value), seen.append(value)
-        assert median.median() == pytest.approx(statistics.median(seen))
+        assert median.median() == statistics.median_low(seen)  # of two middle values, the lower
     with pytest.raises(ValueError):
         RunningMedian().median()
 
@@ -30,7 +32,7 @@ def test_the_first_deltas_wait_for_a_median_then_one_outlier_cannot_move_it() ->
     gate: NormGate[str] = NormGate(RoundNorms(2.0))
     assert gate.admit("f", "attacker", 900.0) == [] and gate.admit("f", "a", 1.0) == []  # held: no median yet
     assert gate.admit("f", "b", 1.2) == [("attacker", 2.4), ("a", 2.4), ("b", 2.4)]  # 2 x median(900, 1, 1.2)
-    assert gate.admit("f", "c", 0.8) == [("c", 2.2)]  # 2 x median of four: (1 + 1.2) / 2
+    assert gate.admit("f", "c", 0.8) == [("c", 2.0)]  # 2 x the low median of four (0.8, 1, 1.2, 900): 1
     assert gate.admit("g", "other family", 5.0) == [] and gate.release() == [("other family", 10.0)]
     assert HOLD == 3
 
@@ -85,3 +87,23 @@ def test_no_single_device_chooses_the_first_state() -> None:
         dropped = strategy.aggregate(1, [strategy.accumulate(u) for u in updates])
         assert strategy.states["f"].weights["w"].tobytes() == honest.tobytes(), streaming
         assert [(d.agent_id, d.reason.value) for d in dropped] == [("a3", "bootstrap_disagrees")]
+
+
+def test_a_family_short_of_hold_norms_is_bounded_by_the_last_trusted_median() -> None:
+    """An attacker alone (or with one honest agent) in a round does not set its own bound."""
+    first = RoundNorms(2.0)
+    for norm in (1.0, 1.2, 0.8):
+        first.observe("f", norm)
+    second = RoundNorms(2.0, first.carried())
+    second.observe("f", 900.0)
+    assert second.bound("f") == 2.0  # 2 x min(900, the last trusted median 1.0)
+    second.observe("f", 1.1)
+    assert second.bound("f") == 2.0  # the low median of (1.1, 900) is 1.1; the trusted 1.0 is lower
+    assert RoundNorms(2.0, second.carried()).trusted == {"f": 1.0}  # two norms are not trusted: 1.0 carries on
+
+
+def test_of_two_claims_the_lower_sets_the_round_s_claim_median(tmp_path: Path) -> None:
+    engine, _, _ = make_engine(tmp_path, Clock())
+    hello(engine, "a", samples=10), hello(engine, "b", samples=10**6)
+    engine.tick()
+    assert engine.run.open is not None and engine.run.open.median_claim == 10

@@ -22,14 +22,23 @@ from tests.unit.coordinator.test_sites import tick_site
 DEADLINE_S = 30.0 + 2 * 5.0  # the round's deadline, then twice secagg_stage_s for the sites' sums
 
 
-def genuine_partials(fed: Federation) -> tuple[RoundAnnouncement, dict[str, tuple[str, PartialAggregate]]]:
-    """Round 2's stages run at both sites; each site's partial, held back from the root."""
+def genuine_partials(fed: Federation, keys_relays: dict[str, bytes] | None = None,
+                     ) -> tuple[RoundAnnouncement, dict[str, tuple[str, PartialAggregate]]]:
+    """Round 2's stages run at both sites; each site's partial, held back from the root (and, into ``keys_relays``,
+    each site's keys relay)."""
     ann = fed.announce()
     for participant in fed.agents.values():
         participant.begin(ann)
-    fed.pump()
-    fed.train(ann, list(SAMPLES))
     held: dict[str, tuple[str, PartialAggregate]] = {}
+    relay(fed, held, keys_relays)  # keys and bundles, each site to its own agents
+    fed.train(ann, list(SAMPLES))
+    relay(fed, held, keys_relays)  # masked inputs, the unmasking request, reveals: the partials
+    assert set(held) == set(SITES)
+    return ann, held
+
+
+def relay(fed: Federation, held: dict[str, tuple[str, PartialAggregate]], keys_relays: dict[str, bytes] | None) -> None:
+    """Carry messages between each site and its agents until nothing moves; partials are held, not sent up."""
     for _ in range(10):
         for site_id, site in fed.sites.items():
             for topic, payload in fed.up[site_id]:
@@ -40,10 +49,10 @@ def genuine_partials(fed: Federation) -> tuple[RoundAnnouncement, dict[str, tupl
                 if parsed.kind == "partial":
                     held[site_id] = (topic, decode_message(payload, PartialAggregate))
                 else:
+                    if keys_relays is not None and parsed.stage == "keys":
+                        keys_relays[site_id] = payload
                     for agent_id in SITES[site_id]:
                         fed.agents[agent_id].on_message(parsed, payload, OPEN)
-    assert set(held) == set(SITES)
-    return ann, held
 
 
 def send(fed: Federation, topic: str, partial: PartialAggregate) -> None:
@@ -182,3 +191,33 @@ def test_a_sum_read_and_then_refused_is_still_charged_to_the_privacy_ledger(tmp_
     summary = fed.root.last_summary
     assert summary is not None and summary.round == 2 and summary.outcome != "completed"
     assert summary.secure["noise"]["rounds"] == 1  # the sum was released to the root even though nothing folded
+
+
+def test_an_agent_takes_a_relay_for_the_round_it_is_signed_for_not_the_one_its_topic_names(tmp_path: Path) -> None:
+    """A genuine round-2 keys relay, republished on round 3's topic, is not round 3's: the agent waits for the real
+    one (it used to take the topic's round, and could be made to share, or reveal, against another round's view)."""
+    fed = Federation(tmp_path)
+    fed.bootstrap()
+    replayable: dict[str, bytes] = {}
+    _, held = genuine_partials(fed, replayable)
+    kept: list[tuple[str, bytes]] = []
+    for topic, partial in held.values():
+        send(fed, topic, partial)
+    close(fed)
+    ann = fed.announce()
+    assert ann.round == 3
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    site = fed.sites["s1"]
+    for topic, payload in fed.up["s1"]:
+        site.on_message(topic, payload)
+    fed.up["s1"].clear()
+    for topic, payload in tick_site(site)[1]:
+        if TOPICS.parse(topic).stage == "keys":
+            kept.append((topic, payload))
+    assert len(kept) == 1, "the site relayed round 3's keys once its agents advertised"
+    keys_topic, keys_payload = kept[0]
+    fed.agents["a1"].on_message(TOPICS.parse(keys_topic), replayable["s1"], OPEN)  # round 2's, genuine
+    assert not fed.up["s1"], "the agent shared against round 2's advertisements"
+    fed.agents["a1"].on_message(TOPICS.parse(keys_topic), keys_payload, OPEN)
+    assert [TOPICS.parse(t).stage for t, _ in fed.up["s1"]] == ["shares"]

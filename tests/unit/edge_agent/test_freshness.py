@@ -166,3 +166,18 @@ def test_the_golden_freshness_vectors_for_agents(tmp_path: Path, name: str) -> N
                                          ends_run=getattr(message, "state", "online") != "online")
         outcome = "drop" if verdict.reason else "follow" if verdict.advanced else "accept"
         assert (outcome, verdict.reason) == (case["outcome"], case["reason"]), case
+
+
+def test_an_emptied_state_topic_or_another_familys_state_does_not_replace_the_one_kept(tmp_path: Path) -> None:
+    """Anyone may empty a retained topic, and a genuine state of another family may be republished on ours: neither
+    takes the verified state the next announcement names away (the round would wait for it forever)."""
+    agent, worker, _ = make_agent(tmp_path)
+    coordinator(agent, B)
+    state = global_state(B, 2)
+    publish_state(agent, state)
+    agent._on_message(TOPICS.global_state(state.family, 2), b"", True)  # unsigned, as an emptied retained topic is
+    other = global_state(B, 2, value=9.0).model_copy(update={"family": "other"})
+    agent._on_message(TOPICS.global_state(state.family, 2), signed(other), True)  # genuine, on our family's topic
+    assert agent.rejected["topic_mismatch"] == 1
+    announce(agent, B, 2, state)
+    assert worker.answered == [2] and agent.global_states[2].family == state.family

@@ -149,7 +149,7 @@ def test_array_over_the_element_limit_is_rejected_before_allocation() -> None:
     assert reason_of(lambda: decode(huge, lax)) is Reason.MALFORMED
 
 
-@pytest.mark.parametrize("dims", [(2**64 - 1,), (2**32, 2**32), (2**63, 2**63, 0, 5)])
+@pytest.mark.parametrize("dims", [(2**64 - 1,), (2**32, 2**32), (2**63, 2**63, 0, 5), (0, 2**62), (0, 2**40, 2**40)])
 def test_absurd_dimensions_never_escape_as_other_errors(dims: tuple[int, ...]) -> None:
     payload = msgpack.packb(ext_array(b"<f4", dims, b""))
     lax = DecodeLimits(max_array_elements=2**62, max_total_elements=2**62)
