@@ -18,7 +18,8 @@ from protocol.limits import DecodeLimits
 from protocol.topics import check_identifier
 from service_kit.durable import atomic_write_bytes
 
-_LOCAL_LIMITS = DecodeLimits(max_payload_bytes=4 * 1024**3, max_array_elements=2**31, max_total_elements=2**32)
+_LOCAL_LIMITS = DecodeLimits(max_payload_bytes=4 * 1024**3, max_array_elements=2**31, max_total_elements=2**32,
+                             max_items=2**31)
 
 
 class AgentStateDir:

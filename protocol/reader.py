@@ -35,6 +35,7 @@ class _Reader:
         self.pos = 0
         self.limits = limits
         self.max_str_len = limits.max_str_len
+        self.items_left = limits.max_items
         self._budget: ArrayBudget | None = None
 
     @property
@@ -63,6 +64,13 @@ class _Reader:
         if count > self.end - self.pos:
             raise ProtocolError(Reason.MALFORMED, f"{what} of {count} in {self.end - self.pos} bytes left")
         return count
+
+    def _items(self, count: int) -> None:
+        """Spend ``count`` of the message's container items (``DecodeLimits.max_items``)."""
+        self.items_left -= count
+        if self.items_left < 0:
+            raise ProtocolError(Reason.MALFORMED, f"more than {self.limits.max_items} array elements and map "
+                                                  f"entries in one message")
 
     # -- values -------------------------------------------------------------------------
     def value(self, depth: int) -> Any:
@@ -137,10 +145,12 @@ class _Reader:
 
     def _array(self, count: int, depth: int) -> list[Any]:
         self._count(count, "array length", self.limits.max_container_len)
+        self._items(count)
         return [self.value(depth + 1) for _ in range(count)]
 
     def _map(self, count: int, depth: int) -> dict[str, Any]:
         self._count(count, "map length", self.limits.max_container_len)
+        self._items(count)
         out: dict[str, Any] = {}
         inner = depth + 1
         if count and inner > MAX_DEPTH:  # what value() would say of the first key

@@ -17,7 +17,7 @@ CHECKPOINT_FORMAT = 1
 CHECKPOINT = "checkpoint"
 """The run's checkpoint (other state files: ``open_round``, ``retained``)."""
 _LIMITS = DecodeLimits(max_payload_bytes=8 * 1024**3, max_array_elements=2**31, max_total_elements=2**33,
-                       max_container_len=10_000_000, max_str_len=64 * 1024 * 1024)
+                       max_container_len=10_000_000, max_items=2**31, max_str_len=64 * 1024 * 1024)
 
 
 class CheckpointError(RuntimeError):

@@ -239,3 +239,14 @@ def test_msgpack_timestamps_are_an_unknown_extension(length: int) -> None:
 
 def test_timestamps_of_invalid_length_are_rejected() -> None:
     assert reason_of(lambda: decode(ext_with_code(-1, b"\0" * 5))) in (Reason.MALFORMED, Reason.UNKNOWN_EXTENSION)
+
+
+def test_a_message_of_many_empty_containers_is_refused_before_it_builds_them() -> None:
+    """1 byte on the wire (an empty list) is a 56-byte Python object: the items of one message are bounded."""
+    limits = DecodeLimits(max_items=1_000)
+    fits = msgpack.packb([[] for _ in range(1_000)])
+    assert isinstance(decode(fits, limits), list)
+    many = msgpack.packb([[] for _ in range(600)] + [{} for _ in range(600)])
+    assert reason_of(lambda: decode(many, limits)) is Reason.MALFORMED
+    nested = msgpack.packb([[[] for _ in range(600)] for _ in range(2)])  # items at every depth count
+    assert reason_of(lambda: decode(nested, limits)) is Reason.MALFORMED
