@@ -15,7 +15,7 @@ from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Upda
 from protocol.secagg.vector import quantiser
 from protocol.secagg.wire import SecureMasked, SecureReveal
 from protocol.security.trust import OPEN
-from protocol.wire import decode_message
+from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, send, update, weights
 
@@ -351,3 +351,29 @@ def test_a_threshold_the_roster_cannot_meet_fails_the_round_with_its_reason(tmp_
     summary = fleet.engine.last_summary
     assert (summary.round, summary.outcome, summary.reason) == (2, "failed", "secure_aggregation")
     assert "fewer than secagg_threshold 4" in summary.detail
+
+
+def test_a_masked_input_past_every_bound_fails_the_round_instead_of_moving_the_model(tmp_path: Path) -> None:
+    """One agent's masked input can be anything in the ring (the coordinator never sees it unmasked): the unmasked
+    sum is checked against what the survivors' clipped inputs can add up to, and an implausible one fails the
+    round with nothing folded."""
+    fleet = Fleet(tmp_path)
+    ann = fleet.announcement()
+    for participant in fleet.agents.values():
+        participant.begin(ann)
+    fleet.pump()
+    fleet.train(deltas(0))
+    forged = 0
+    for i, (topic, payload) in enumerate(fleet.up):
+        if TOPICS.parse(topic).agent_id == "d" and TOPICS.parse(topic).stage == "masked":
+            message = decode_message(payload, SecureMasked)
+            masked = np.array(message.masked, copy=True)
+            masked[0] += np.uint32(1 << 30)  # far past clip x weight, and within the ring: no wrap tells
+            fleet.up[i] = (topic, encode_message(message.model_copy(update={"masked": masked})))
+            forged += 1
+    assert forged == 1
+    fleet.pump()  # every stage answered: the round ends without waiting for a deadline
+    summary = fleet.engine.last_summary
+    assert (summary.round, summary.outcome, summary.reason) == (2, "failed", "secure_aggregation")
+    assert "unmasked sum is refused" in summary.detail
+    assert fleet.engine.strategy.states["f"].round == 2  # nothing applied
