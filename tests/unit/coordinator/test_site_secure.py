@@ -104,6 +104,24 @@ class Federation:
                             delta=delta_of(agent_id))
             assert self.agents[agent_id].takes(update)
 
+    def run_sites(self, held: dict[str, tuple[str, bytes]], keys_relays: dict[str, bytes] | None = None) -> None:
+        """Carry messages between each site and its own agents until nothing moves, without the root: each site's
+        partial is kept in ``held`` (site -> (topic, payload)), its keys relay in ``keys_relays`` if given."""
+        for _ in range(10):
+            for site_id, site in self.sites.items():
+                for topic, payload in self.up[site_id]:
+                    site.on_message(topic, payload)
+                self.up[site_id].clear()
+                for topic, payload in tick_site(site)[1]:
+                    parsed = TOPICS.parse(topic)
+                    if parsed.kind == "partial":
+                        held[site_id] = (topic, payload)
+                        continue
+                    if keys_relays is not None and parsed.stage == "keys":
+                        keys_relays[site_id] = payload
+                    for agent_id in SITES[site_id]:
+                        self.agents[agent_id].on_message(parsed, payload, OPEN)
+
     def state(self, round_number: int) -> GlobalState:
         return decode_message(self.outbox.last(TOPICS.global_state("f", round_number)), GlobalState)
 
@@ -165,20 +183,9 @@ def test_the_root_refuses_a_secure_partial_that_does_not_fit_its_session(tmp_pat
         participant.begin(ann)
     fed.pump()
     fed.train(ann, list(SAMPLES))
-    sent: list[tuple[str, bytes]] = []
-    for site_id, site in fed.sites.items():  # the stages, without handing the partials to the root
-        for _ in range(10):
-            for topic, payload in fed.up[site_id]:
-                site.on_message(topic, payload)
-            fed.up[site_id].clear()
-            for topic, payload in tick_site(site)[1]:
-                parsed = TOPICS.parse(topic)
-                if parsed.kind == "partial":
-                    sent.append((topic, payload))
-                for agent_id in SITES[site_id]:
-                    if parsed.kind != "partial":
-                        fed.agents[agent_id].on_message(parsed, payload, OPEN)
-    topic, payload = sent[0]
+    held: dict[str, tuple[str, bytes]] = {}
+    fed.run_sites(held)  # the stages, without handing the partials to the root
+    topic, payload = held["s1"]
     partial = decode_message(payload, PartialAggregate)
     assert partial.ring_sum is not None
     if tampered == "survivor outside the roster":

@@ -29,30 +29,12 @@ def genuine_partials(fed: Federation, keys_relays: dict[str, bytes] | None = Non
     ann = fed.announce()
     for participant in fed.agents.values():
         participant.begin(ann)
-    held: dict[str, tuple[str, PartialAggregate]] = {}
-    relay(fed, held, keys_relays)  # keys and bundles, each site to its own agents
+    held: dict[str, tuple[str, bytes]] = {}
+    fed.run_sites(held, keys_relays)  # keys and bundles, each site to its own agents
     fed.train(ann, list(SAMPLES))
-    relay(fed, held, keys_relays)  # masked inputs, the unmasking request, reveals: the partials
+    fed.run_sites(held, keys_relays)  # masked inputs, the unmasking request, reveals: the partials
     assert set(held) == set(SITES)
-    return ann, held
-
-
-def relay(fed: Federation, held: dict[str, tuple[str, PartialAggregate]], keys_relays: dict[str, bytes] | None) -> None:
-    """Carry messages between each site and its agents until nothing moves; partials are held, not sent up."""
-    for _ in range(10):
-        for site_id, site in fed.sites.items():
-            for topic, payload in fed.up[site_id]:
-                site.on_message(topic, payload)
-            fed.up[site_id].clear()
-            for topic, payload in tick_site(site)[1]:
-                parsed = TOPICS.parse(topic)
-                if parsed.kind == "partial":
-                    held[site_id] = (topic, decode_message(payload, PartialAggregate))
-                else:
-                    if keys_relays is not None and parsed.stage == "keys":
-                        keys_relays[site_id] = payload
-                    for agent_id in SITES[site_id]:
-                        fed.agents[agent_id].on_message(parsed, payload, OPEN)
+    return ann, {site: (topic, decode_message(payload, PartialAggregate)) for site, (topic, payload) in held.items()}
 
 
 def send(fed: Federation, topic: str, partial: PartialAggregate) -> None:
@@ -75,6 +57,16 @@ def close(fed: Federation) -> None:
     fed.pump()
     fed.clock.now += DEADLINE_S
     fed.pump()
+
+
+def genuine_ones_complete_the_round(fed: Federation, held: dict[str, tuple[str, PartialAggregate]]) -> None:
+    """Both sites' genuine partials, sent after a forged one was refused, still make round 2 whole."""
+    send(fed, *held["s1"])
+    send(fed, *held["s2"])
+    close(fed)
+    summary = fed.root.last_summary
+    assert summary is not None and (summary.round, summary.outcome, summary.answered) == (2, "completed", 7)
+    assert summary.secure["sites"] == {"s1/f": {"roster": 3, "summed": True}, "s2/f": {"roster": 4, "summed": True}}
 
 
 def test_a_zero_weight_is_refused_not_raised(tmp_path: Path) -> None:
@@ -111,12 +103,7 @@ def test_a_site_cannot_settle_another_sites_agents(tmp_path: Path) -> None:
     stragglers = {agent: AgentOutcome(outcome="straggler") for agent in SITES["s2"]}
     send(fed, topic, partial.model_copy(update={"outcomes": {**partial.outcomes, **stragglers}}))
     assert refused(fed, "bad_partial") == 1
-    send(fed, *held["s2"])
-    send(fed, *held["s1"])
-    close(fed)
-    summary = fed.root.last_summary
-    assert summary is not None and (summary.round, summary.outcome, summary.answered) == (2, "completed", 7)
-    assert summary.secure["sites"] == {"s1/f": {"roster": 3, "summed": True}, "s2/f": {"roster": 4, "summed": True}}
+    genuine_ones_complete_the_round(fed, held)
 
 
 def test_an_empty_secure_partial_from_a_site_without_a_session_settles_nobody(tmp_path: Path) -> None:
@@ -162,11 +149,7 @@ def test_a_plain_partial_for_a_secure_session_is_refused_and_the_genuine_sum_sti
                                        "a2": AgentOutcome(outcome="straggler"), "a3": AgentOutcome(outcome="straggler")})
     send(fed, topic, plain)
     assert refused(fed, "secure_only") == 1
-    send(fed, *held["s1"])
-    send(fed, *held["s2"])
-    close(fed)
-    summary = fed.root.last_summary
-    assert summary is not None and (summary.round, summary.outcome, summary.answered) == (2, "completed", 7)
+    genuine_ones_complete_the_round(fed, held)
 
 
 def test_a_site_cannot_pull_another_sites_live_agent_into_its_session(tmp_path: Path) -> None:
