@@ -14,7 +14,7 @@ import numpy as np
 from coordinator.admission.decisions import Accept, Decision, Defer, Forget, Observe, Reject, StatusDecision
 from coordinator.admission.intake import Refused, UpdateIn
 from coordinator.admission.view import AdmissionView
-from coordinator.aggregation.running_mean import l2_norm
+from coordinator.aggregation.running_mean import l2_norm, with_norm
 from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import clipped
 from coordinator.round.notifying import notify, watch_duplicates
@@ -125,6 +125,7 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
     m.updates.labels("accepted").inc()
     run.open.updates[update.agent_id] = update  # answered; replaced by what the strategy keeps once folded
     if accept.norm is not None and update.control_delta:  # SCAFFOLD: control deltas get a median of their own
+        update = update.model_copy(update={"control_delta": with_norm(update.control_delta)})  # taken once
         run.norm_gate.norms.observe(_control(update.family), l2_norm(update.control_delta))
     if accept.norm is None:
         _fold(parts, run, update, accept.weight)

@@ -57,9 +57,10 @@ def apply_roster(parts: EngineParts, run: RunState, inbound: RosterIn) -> None:
             applying.forget(parts, agent_id)
             parts.rosters.forget(agent_id)
     present = [agent_id for agent_id in roster.present or () if claimable(agent_id)]
-    if held:
+    if held:  # an agent may be both in statuses and in present: named once
+        named = sorted(set(held))
         parts.rejects.record("site_roster", RejectReason.HELD_ELSEWHERE.value, site,
-                             f"claims {len(held)} agents live elsewhere: {', '.join(sorted(set(held))[:5])}")
+                             f"claims {len(named)} agents live elsewhere: {', '.join(named[:5])}")
     if roster.present is None:
         return
     for agent_id in present:

@@ -79,8 +79,8 @@ def check_secure_partial(partial: PartialAggregate, session: SecureFamily | None
 
     Where the round gave the site a session, only a ring sum over exactly its roster is taken (or, when its session
     failed, outcomes alone): a plain partial would bypass the session's weight cap and the ledger, and naming
-    agents outside the roster (as stragglers, say) would settle other sites' agents. A sum of fewer survivors than the threshold is one no honest site
-    unmasks (the session aborts below it)."""
+    agents outside the roster (as stragglers, say) would settle other sites' agents. A sum of fewer survivors
+    than the threshold is one no honest site unmasks (the session aborts below it)."""
     if session is None:
         return Reject(RejectReason.BAD_PARTIAL, f"round {partial.round} gave site {partial.site_id} no secure "
                                                 f"session of {partial.family}")
