@@ -368,7 +368,7 @@ def test_a_masked_input_past_every_bound_fails_the_round_instead_of_moving_the_m
         if TOPICS.parse(topic).agent_id == "d" and TOPICS.parse(topic).stage == "masked":
             message = decode_message(payload, SecureMasked)
             masked = np.array(message.masked, copy=True)
-            masked[0] += np.uint32(1 << 30)  # far past clip x weight, and within the ring: no wrap tells
+            np.add(masked[:1], np.uint32(1 << 30), out=masked[:1])  # far past clip x weight; the ring wraps, silently
             fleet.up[i] = (topic, encode_message(message.model_copy(update={"masked": masked})))
             forged += 1
     assert forged == 1
