@@ -75,6 +75,10 @@ class Variant:
     """The paper's global step size eta_g: x += eta_g * mean(y_i - x) (its experiments use 1)."""
     head_corrected: bool = True
     """Outside the paper (False): the classifier head (``head.*``) takes plain SGD steps, the features corrected."""
+    momentum: float = 0.0
+    """Local heavy-ball momentum on the raw gradient; the correction is applied after each step, outside it."""
+    lr: float | None = None
+    """This row's local rate (None: ``--lr``)."""
 
 
 VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
@@ -83,7 +87,9 @@ EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("scaffold-II-damped", True, True, damping=0.5),
                Variant("fedavg-eta0.5", False, True, server_lr=0.5),
                Variant("scaffold-II-eta0.5", True, True, server_lr=0.5),
-               Variant("scaffold-II-body", True, True, head_corrected=False))
+               Variant("scaffold-II-body", True, True, head_corrected=False),
+               Variant("fedavg-m0.9", False, True, momentum=0.9, lr=0.02),
+               Variant("scaffold-II-m0.9", True, True, momentum=0.9, lr=0.02))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
@@ -138,6 +144,8 @@ class Reference:
         params = dict(model.named_parameters())
         inputs, labels = torch.as_tensor(data.x), torch.as_tensor(data.y)
         at_start: Arrays = {}
+        lr = args.lr if variant.lr is None else variant.lr
+        velocity = {k: torch.zeros_like(params[k]) for k in names}
         if variant.option == "I":
             model.zero_grad()
             F.cross_entropy(model(inputs), labels).backward()
@@ -154,13 +162,17 @@ class Reference:
                         size = float(correction.norm())
                         if size > 0:
                             correction = correction * min(1.0, float(grad.norm()) / size)
-                    params[k].sub_(args.lr * (grad + correction))
+                    if variant.momentum:
+                        velocity[k].mul_(variant.momentum).add_(grad)
+                        params[k].sub_(lr * (velocity[k] + correction))
+                    else:
+                        params[k].sub_(lr * (grad + correction))
         y = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if not variant.corrected:
             return y, control
         if variant.option == "I":
             return y, at_start
-        target = {k: control[k] - c[k] + (x[k] - y[k]) / (args.steps * args.lr) for k in names}
+        target = {k: control[k] - c[k] + (x[k] - y[k]) / (args.steps * lr) for k in names}
         return y, {k: control[k] + variant.damping * (target[k] - control[k]) for k in names}
 
     def accuracy(self, state: Arrays) -> float:

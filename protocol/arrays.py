@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import numpy as np
-from pydantic import PlainSerializer, PlainValidator
+from pydantic import PlainSerializer, PlainValidator, StringConstraints
 from pydantic_core import PydanticCustomError
 
 from protocol.errors import ProtocolError, Reason
@@ -42,7 +42,14 @@ def all_finite(array: np.ndarray) -> bool:
 Array = Annotated[np.ndarray, PlainValidator(_validate_array), PlainSerializer(lambda a: a)]
 """A numpy array field; floating arrays must hold only finite values."""
 
-Arrays = dict[str, Array]
+ARRAY_NAME_PATTERN = r"^[^:;\[\]\x00-\x1f\x7f]{1,256}$"
+"""1 to 256 characters, none of them ``:`` ``;`` ``[`` ``]`` or a control character: the digest and the
+layout fingerprint write ``name:dtype:shape;`` and ``[group]`` with no length prefix, so these would let
+one set of arrays hash like another (an array named ``a:<f4:(1,);b`` fingerprints as two arrays)."""
+
+ArrayName = Annotated[str, StringConstraints(pattern=ARRAY_NAME_PATTERN)]
+
+Arrays = dict[ArrayName, Array]
 """Named arrays, e.g. a model's parameters in state-dict order."""
 
 Layout = Mapping[str, tuple[tuple[int, ...], str]]

@@ -15,13 +15,13 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
+from protocol.arrays import ArrayName
 from protocol.fields import MAX_CLASSES, Digest, Identifier, TaskRef, TaskVersion
 from protocol.wire_model import WireModel
 
 ClassName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 # Tuples are lax at their own level only (``strict=False`` on the field): msgpack and JSON carry them as
 # arrays; their items stay strict.
-ArrayName = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 WireDtype = Literal["<f2", "<f4", "<f8", "|i1", "|u1", "<i2", "<u2", "<i4", "<u4", "<i8", "<u8", "|b1"]
 """numpy's dtype string as arrays travel (``protocol.limits.DEFAULT_DTYPES``): ``<f4`` float32, ``<i8`` int64."""
 

@@ -13,6 +13,7 @@ from protocol.arrays import check_layout, layout_of
 from protocol.codec import encode
 from protocol.errors import Reason
 from protocol.messages import AgentStatus, Chunk, GlobalState, Update
+from protocol.task_card import layout_fingerprint
 from protocol.version import SCHEMA_VERSION
 from protocol.wire import decode_message, encode_message
 
@@ -45,6 +46,11 @@ FUZZ = settings(deadline=None, max_examples=200, suppress_health_check=[HealthCh
         pytest.param({"delta": {"w": [1.0, 2.0]}}, id="list-as-array"),
         pytest.param({"delta": [1.0]}, id="list-as-arrays"),
         pytest.param({"delta": {"w": 1.0}}, id="float-as-array"),
+        pytest.param({"delta": {"a:<f4:(1,);b": np.ones(1, dtype="<f4")}}, id="colon-in-array-name"),
+        pytest.param({"delta": {"[weights]": np.ones(1, dtype="<f4")}}, id="bracket-in-array-name"),
+        pytest.param({"delta": {"w\n": np.ones(1, dtype="<f4")}}, id="control-character-in-array-name"),
+        pytest.param({"delta": {"": np.ones(1, dtype="<f4")}}, id="empty-array-name"),
+        pytest.param({"delta": {"w" * 257: np.ones(1, dtype="<f4")}}, id="array-name-too-long"),
         pytest.param({"metrics": 5}, id="metrics-as-int"),
         pytest.param({"metrics": {"steps": -1}}, id="negative-steps"),
         pytest.param({"metrics": {"train_accuracy": 1.5}}, id="accuracy-over-one"),
@@ -63,6 +69,18 @@ FUZZ = settings(deadline=None, max_examples=200, suppress_health_check=[HealthCh
 )
 def test_wrong_field_types_and_values_are_schema_errors(overrides: dict[str, Any]) -> None:
     assert reason_of(lambda: decode_message(encode(update_dict(**overrides)))) is Reason.SCHEMA
+
+
+def test_an_array_name_cannot_make_one_layout_fingerprint_as_another() -> None:
+    """Why names may not hold ``:`` ``;`` ``[`` ``]``: the fingerprint's text has no length prefixes, so one array
+    named ``a:<f4:(1,);b`` hashes as the two arrays ``a`` and ``b``, and would pass the layout check."""
+    one = {"a:<f4:(1,);b": ((1,), "<f4")}
+    two = {"a": ((1,), "<f4"), "b": ((1,), "<f4")}
+    assert layout_fingerprint(one) == layout_fingerprint(two)
+    honest = decode_message(encode(update_dict(delta={"a": np.ones(1, "<f4"), "b": np.ones(1, "<f4")})))
+    assert isinstance(honest, Update) and list(honest.delta) == ["a", "b"]
+    assert reason_of(lambda: decode_message(encode(update_dict(delta={"a:<f4:(1,);b": np.ones(1, "<f4")})))) is (
+        Reason.SCHEMA)
 
 
 @pytest.mark.parametrize("field", ["run_id", "agent_id", "round", "task", "family", "num_samples", "metrics",

@@ -12,6 +12,7 @@ import hypothesis.extra.numpy as hnp
 import numpy as np
 from hypothesis import strategies as st
 
+from protocol.arrays import ARRAY_NAME_PATTERN
 from protocol.limits import DEFAULT_DTYPES
 from protocol.messages import (
     VERSION_PATTERN,
@@ -100,8 +101,12 @@ def finite_arrays() -> st.SearchStrategy[np.ndarray]:
     return any_layout_arrays(finite=True)
 
 
+array_names = st.from_regex(ARRAY_NAME_PATTERN, fullmatch=True).filter(lambda name: len(name) <= 12)
+"""Any name the wire accepts (``protocol.arrays.ARRAY_NAME_PATTERN``), kept short."""
+
+
 def named_arrays(max_size: int = 3) -> st.SearchStrategy[dict[str, np.ndarray]]:
-    return st.dictionaries(st.text(max_size=12), finite_arrays(), max_size=max_size)
+    return st.dictionaries(array_names, finite_arrays(), max_size=max_size)
 
 
 # ---------------------------------------------------------------------------- plain data
