@@ -89,7 +89,10 @@ EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("scaffold-II-eta0.5", True, True, server_lr=0.5),
                Variant("scaffold-II-body", True, True, head_corrected=False),
                Variant("fedavg-m0.9", False, True, momentum=0.9, lr=0.02),
-               Variant("scaffold-II-m0.9", True, True, momentum=0.9, lr=0.02))
+               Variant("scaffold-II-m0.9", True, True, momentum=0.9, lr=0.02),
+               Variant("scaffold-II-body-m0.9", True, True, head_corrected=False, momentum=0.9, lr=0.02),
+               Variant("fedavg-m0.9-lr0.01", False, True, momentum=0.9, lr=0.01),
+               Variant("scaffold-II-m0.9-lr0.01", True, True, momentum=0.9, lr=0.01))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 

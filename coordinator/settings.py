@@ -28,7 +28,7 @@ StateCompressionName = Literal.__getitem__(("none", *state_compressors()))  # ty
 """``none`` or a compressor that declares the ``global_state`` payload (protocol/compression/registry.py)."""
 
 DEFAULT_MOMENTUM = 0.9
-"""Local SGD momentum when none is set; SCAFFOLD's default is 0 (it corrects plain SGD steps)."""
+"""Local SGD momentum when none is set; SCAFFOLD's default is 0 (the paper corrects plain SGD steps)."""
 
 
 class CoordinatorSettings(BrokerSettings):
@@ -75,7 +75,7 @@ class CoordinatorSettings(BrokerSettings):
         "1,400 samples takes 30x the steps of one of 50, and the corrections no longer cancel in the mean)"))
     learning_rate: float = Field(default=0.05, gt=0.0, le=10.0, description="agents' local SGD learning rate")
     momentum: float | None = Field(default=None, ge=0.0, lt=1.0,
-                                   description="local SGD momentum; unset: 0.9, or 0 for scaffold (which needs 0)")
+                                   description="local SGD momentum; unset: 0.9, or 0 for scaffold (the paper's plain SGD)")
     weight_decay: float = Field(default=0.0, ge=0.0, le=1.0, description="agents' local SGD weight decay")
     batch_size: int | None = Field(default=None, ge=1, description=(
         "local batch size for every agent; unset: each agent's own (its device profile's or its --batch-size)"))
@@ -225,8 +225,6 @@ class CoordinatorSettings(BrokerSettings):
         scaffold = info.data.get("algorithm") == "scaffold"
         if value is None:
             return 0.0 if scaffold else DEFAULT_MOMENTUM
-        if scaffold and value != 0.0:
-            raise ValueError("must be 0 for scaffold: its correction assumes plain SGD steps")
         return value
 
     @field_validator("task")

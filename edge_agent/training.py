@@ -26,6 +26,8 @@ class TrainingHooks(Protocol):
 
     def after_backward(self, model: FedModel) -> None: ...
 
+    def after_step(self, model: FedModel) -> None: ...
+
 
 @dataclass(frozen=True)
 class TrainResult:
@@ -106,6 +108,7 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
         total.backward()
         algorithm.after_backward(model)
         optimizer.step()
+        algorithm.after_step(model)
         steps += 1
         loss_sum += loss.item() * len(labels)
         if data.num_classes:

@@ -56,7 +56,7 @@ ALGORITHMS.register(
     secure=("off", "on"))
 ALGORITHMS.register(
     "scaffold", by_reference("coordinator.strategies.scaffold:build"),
-    summary="SCAFFOLD: deltas corrected by control variates (local momentum 0)",
+    summary="SCAFFOLD: deltas corrected by control variates (local momentum 0 unless set)",
     settings=("server_learning_rate", "scaffold_correct_head"), modes=("sync",), payloads=("weights", "delta", "control"), dp=DP_EITHER,
     secure=("off", "on"))
 ALGORITHMS.register(

@@ -3,18 +3,20 @@
 Per round the worker calls ``load`` (put the round's starting weights into the model: the
 global ones, or FedProto's personal model). An evaluation round then asks ``metrics`` of that
 model. A training round calls ``check_plan``, ``begin``, then per batch ``extra_loss`` (added
-to cross-entropy) and ``after_backward`` (edits gradients), then ``payload`` for the fields of
+to cross-entropy), ``after_backward`` (edits gradients) and ``after_step`` (edits the weights the
+optimizer just stepped), then ``payload`` for the fields of
 the update, ``metrics`` of the trained model, and, once the update has passed validation,
 ``commit`` to make the round's durable state stick. ``payload`` itself must write nothing: a
 round that diverges is dropped and must not leave its state behind.
 
-``extra_loss`` terms depend on the batch (FedProto's alignment); ``after_backward`` edits are
-data-independent (FedProx's proximal gradient, SCAFFOLD's correction), so under DP-SGD they
-belong after clipping and noise, where they cost no privacy.
+``extra_loss`` terms depend on the batch (FedProto's alignment); ``after_backward`` and
+``after_step`` edits are data-independent (FedProx's proximal gradient, SCAFFOLD's correction),
+so under DP-SGD they belong after clipping and noise, where they cost no privacy.
 
 Under DP (``edge_agent/privacy/dp_training.py`` states the contract) an agent runs only
 algorithms with ``dp_compatible = True``: ``extra_loss`` per-sample through the model's
-forward pass, ``after_backward`` data-independent (it then sees the privatised gradient),
+forward pass, ``after_backward`` and ``after_step`` data-independent (they then see the
+privatised gradient and the weights it stepped),
 and raw-data statistics in the payload only through ``prototype_release``.
 """
 
@@ -94,6 +96,9 @@ class ClientAlgorithm:
         return None
 
     def after_backward(self, model: FedModel) -> None:
+        return None
+
+    def after_step(self, model: FedModel) -> None:
         return None
 
     def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:

@@ -1,11 +1,13 @@
 """SCAFFOLD (Karimireddy et al., 2020), option II, on the agent.
 
-Every local step is a plain SGD step on the corrected gradient,
+Every local step is the optimizer's step on the raw gradient, then the correction:
 
-    y <- y - lr * (g(y) + c - c_i),
+    y <- step(y, g(y)) - lr * (c - c_i)
 
-so the round must announce momentum 0 (the coordinator's settings enforce it; a round that
-asks otherwise is refused here too). After ``K`` steps the agent's variate becomes
+With momentum 0 that is the paper's ``y <- y - lr * (g(y) + c - c_i)``. With momentum the
+correction stays outside the momentum buffer (as NIID-Bench's SCAFFOLD runs it): ``c_i`` then
+learns the agent's mean momentum step, ``c`` the fleet's, and the correction swaps one for the
+other at the same scale. After ``K`` steps the agent's variate becomes
 
     c_i+ = c_i - c + (x - y) / (K * lr)
 
@@ -35,7 +37,7 @@ from edge_agent.state import AgentStateDir
 from edge_agent.training import TrainResult
 from edge_agent.weights import get_arrays, subtract
 from protocol.arrays import check_layout, layout_of
-from protocol.errors import ProtocolError, Reason
+from protocol.errors import ProtocolError
 from protocol.messages import GlobalState, LocalTraining
 
 log = logging.getLogger(__name__)
@@ -63,9 +65,7 @@ class ScaffoldClient(ClientAlgorithm):
         return f"{FILE_PREFIX}{self.context.run_id}-{self.context.family}"
 
     def check_plan(self, plan: LocalTraining) -> None:
-        if plan.momentum != 0.0:
-            raise ProtocolError(Reason.SCHEMA, f"scaffold corrects plain SGD steps: momentum must be 0, "
-                                               f"the round asks {plan.momentum}")
+        self._learning_rate = plan.learning_rate  # every step moves the weights by lr * (c - c_i)
 
     def begin(self, model: FedModel, global_state: GlobalState | None) -> None:
         self.start = get_arrays(model)
@@ -74,13 +74,14 @@ class ScaffoldClient(ClientAlgorithm):
         self.server_control = self._server_control(global_state, params)
         self.control = self.load_control(params)
         corrected = [n for n in params if self.params.correct_head or not n.startswith(HEAD)]
-        self._correction = {name: torch.from_numpy(self.server_control[name] - self.control[name])
-                            .to(self.context.device) for name in corrected}
+        self._step = {name: torch.from_numpy(self._learning_rate * (self.server_control[name] - self.control[name]))
+                      .to(self.context.device) for name in corrected}
 
-    def after_backward(self, model: FedModel) -> None:
+    @torch.no_grad()
+    def after_step(self, model: FedModel) -> None:
         for name, p in model.named_parameters():
-            if p.grad is not None and name in self._correction:
-                p.grad.add_(self._correction[name])
+            if name in self._step:
+                p.sub_(self._step[name])
 
     def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:
         trained = get_arrays(model)

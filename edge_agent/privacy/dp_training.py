@@ -140,6 +140,7 @@ def _run_steps(model: FedModel, data: Dataset, shape: RoundShape, optimizer: DPO
             raise RuntimeError("the DP optimizer skipped a step; privacy accounting would be wrong")
         algorithm.after_backward(model)  # on the privatised gradient: post-processing
         optimizer.original_optimizer.step()
+        algorithm.after_step(model)  # data-independent too (SCAFFOLD's correction)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum / max(seen, 1), correct / max(seen, 1)
 

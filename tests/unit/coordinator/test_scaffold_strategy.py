@@ -98,14 +98,13 @@ def test_checkpointed_state_round_trips_and_a_bad_variate_is_refused() -> None:
         Scaffold(weighted_mean).load_state_dict(data)
 
 
-def test_settings_pick_the_strategy_and_scaffold_refuses_momentum() -> None:
+def test_settings_pick_the_strategy_and_scaffolds_momentum() -> None:
     assert isinstance(build_strategy(CoordinatorSettings(algorithm="scaffold")), Scaffold)
     assert CoordinatorSettings(algorithm="scaffold").momentum == 0.0
     assert CoordinatorSettings(algorithm="fedavg").momentum == 0.9
     prox = build_strategy(CoordinatorSettings(algorithm="fedprox", prox_mu=0.3))
     assert isinstance(prox, FedProx) and prox.round_params(1) == {"mu": 0.3}
-    with pytest.raises(ValueError, match="must be 0 for scaffold"):
-        CoordinatorSettings(algorithm="scaffold", momentum=0.9)
+    assert CoordinatorSettings(algorithm="scaffold", momentum=0.9).momentum == 0.9
 
 
 def assert_rejected(pattern: str, problem: Reject | None) -> None:

@@ -14,6 +14,7 @@ from edge_agent.algorithms.scaffold import ScaffoldClient, revert_control
 from edge_agent.models import build_model
 from edge_agent.state import AgentStateDir
 from protocol.errors import ProtocolError
+from protocol.messages import LocalTraining
 from tests.unit.edge_agent.rounds import RUN, announce, digits_subset, global_state, global_weights, make_worker
 
 FAMILY = "cnn_small"
@@ -42,10 +43,10 @@ def test_an_update_carries_a_delta_and_a_control_delta_over_the_parameters_only(
     np.testing.assert_allclose(control_of(tmp_path)[names[0]], update.control_delta[names[0]], rtol=1e-6)
 
 
-def test_a_round_that_leaves_the_head_uncorrected_adds_c_minus_c_i_to_the_features_gradients_only(
+def test_a_round_that_leaves_the_head_uncorrected_moves_only_the_features_by_lr_times_c_minus_c_i(
         tmp_path: Path) -> None:
-    """``correct_head`` false: after a backward pass the feature layers' gradients get c - c_i, the head's nothing
-    (plain SGD steps there); by default every parameter's does."""
+    """``correct_head`` false: after each step the feature layers move by -lr (c - c_i), the head not at all
+    (plain SGD steps there); by default every parameter does."""
     data = digits_subset()
     model = build_model(FAMILY, data.train.in_shape, 10, seed=0)
     names = parameter_names(model)
@@ -54,13 +55,13 @@ def test_a_round_that_leaves_the_head_uncorrected_adds_c_minus_c_i_to_the_featur
     for params, head_corrected in (({"correct_head": False}, False), ({}, True)):
         client = ScaffoldClient(params, AgentStateDir(tmp_path / str(head_corrected)),
                                 RoundContext(RUN, 2, FAMILY, torch.device("cpu")))
+        client.check_plan(LocalTraining(epochs=1, learning_rate=0.1, momentum=0.9))
         client.begin(model, state)
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)
-        client.after_backward(model)
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        client.after_step(model)
         for name, p in model.named_parameters():
-            expected = 0.05 if head_corrected or not name.startswith("head.") else 0.0  # c_i is 0 in a first round
-            assert torch.allclose(p.grad, torch.full_like(p, expected)), (params, name)
+            moved = 0.1 * 0.05 if head_corrected or not name.startswith("head.") else 0.0  # c_i is 0 in a first round
+            assert torch.allclose(before[name] - p.detach(), torch.full_like(p, moved)), (params, name)
     with pytest.raises(ProtocolError, match="correct_head"):
         ScaffoldClient({"correct_head": "maybe"}, AgentStateDir(tmp_path / "x"),
                        RoundContext(RUN, 3, FAMILY, torch.device("cpu")))
@@ -96,11 +97,6 @@ def test_the_variate_survives_a_restart_and_a_new_run_starts_from_zero(tmp_path:
     assert AgentStateDir(tmp_path).names("scaffold-") == [f"scaffold-run-2-{FAMILY}"]
     fresh = AgentStateDir(tmp_path).read_arrays(f"scaffold-run-2-{FAMILY}")
     assert fresh is not None and all(not fresh[f"before/{n}"].any() for n in saved)
-
-
-def test_a_round_asking_for_momentum_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ProtocolError, match="momentum must be 0"):
-        make_worker(tmp_path, digits_subset(per_class=2)).answer(announce("scaffold", 1, momentum=0.9), None)
 
 
 def test_a_server_variate_that_does_not_fit_the_model_is_refused(tmp_path: Path) -> None:
