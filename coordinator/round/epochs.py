@@ -9,8 +9,9 @@ newest they accepted signed.
 The epoch of a new run is the wall clock in milliseconds, or one more than the newest epoch
 this state directory ever ran if that is higher (a clock set back): higher than any run this
 directory ran, and, clocks being roughly right, than any run a coordinator with the same key
-started elsewhere before. A resumed run keeps the epoch in its checkpoint; a checkpoint that
-predates epochs gets one (kept here until the next checkpoint carries it).
+started elsewhere before. A resumed run keeps the epoch in its checkpoint, unless a newer run
+has run here since (its checkpoint moved away and this one put back): then, like a checkpoint
+that predates epochs, it gets a new one (kept here until the next checkpoint carries it).
 
 The state file ``freshness`` holds the newest epoch (it survives a checkpoint moved away to
 start a new run) and the agents' freshness marks (``coordinator.fleet.freshness``), written on
@@ -45,11 +46,14 @@ def restore(parts: EngineParts, run: RunState, freshness: dict[str, Any] | None,
     kept = int(checkpoint.get("epoch") or 0) if checkpoint is not None else 0
     if not kept and checkpoint is not None and saved.get("run_id") == run.run_id:
         kept = stored  # a checkpoint older than epochs, given one at an earlier start
-    if kept:
+    if kept >= stored and kept:
         run.epoch = kept
         return
     run.epoch = new_epoch(parts.wall_clock(), stored)
-    if checkpoint is not None:
+    if kept:  # an older run's checkpoint put back after a newer run: agents would drop its old epoch as stale
+        log.warning("run %s resumes from a checkpoint of epoch %d, below the %d of run %s since: it runs as epoch %d "
+                    "from now on", run.run_id, kept, stored, saved.get("run_id"), run.epoch)
+    elif checkpoint is not None:
         log.info("the checkpoint of run %s predates epochs: it runs as epoch %d from now on", run.run_id, run.epoch)
     parts.actions.add(save(parts, run))  # before anything signed with it goes out
 

@@ -120,11 +120,17 @@ class PrivacyLedger:
         self.calibration: dict[str, Any] | None = None
         self._accountant = create_accountant(mechanism)
         self._epsilon = 0.0
+        self._excess = 0.0
+        """Epsilon recorded beyond what the history gives (an earlier accountant's looser bound): every
+        projection adds it, so a recorded spend is never spent again."""
         self._exhausted: bool | None = None
 
     # -- epsilon --------------------------------------------------------------------------
     def epsilon_with(self, charges: Sequence[Charge]) -> float:
         """Epsilon at ``delta`` if ``charges`` were added to the history (nothing is recorded)."""
+        return self._history_epsilon(charges) + self._excess
+
+    def _history_epsilon(self, charges: Sequence[Charge]) -> float:
         history = _compose(self.history, charges, self.mechanism)
         if not history:
             return 0.0
@@ -263,10 +269,13 @@ class PrivacyLedger:
             Charge(float(calibration["noise_multiplier"]), 1.0, 1)  # validates sigma
         self.history = _compose([], history, self.mechanism)
         self.rounds, self.last_round, self.calibration = rounds, last_round, calibration
-        computed = self.epsilon_with([])
+        computed = self._history_epsilon([])
+        self._excess = 0.0
         if computed < recorded * (1 - 1e-6) - _EPSILON_SLACK:
-            # Never report less than was reported before (an accountant upgrade can tighten the bound).
+            # Never report less than was reported before (an accountant upgrade can tighten the bound), and
+            # charge every later round on top of what was recorded.
             log.warning("%s: the history gives epsilon %.6g, below the %.6g recorded; keeping %.6g",
                         where, computed, recorded, recorded)
+            self._excess = recorded - computed
         self._epsilon = max(computed, recorded)
         self._exhausted = None

@@ -44,6 +44,24 @@ def store(tmp_path: Path) -> CheckpointStore:
     return CheckpointStore(tmp_path / "state")
 
 
+def test_an_older_runs_checkpoint_put_back_after_a_newer_run_resumes_above_its_epoch(tmp_path: Path) -> None:
+    """Run A's checkpoint moved away, run B started (a newer epoch), A's put back: A resumes, but under a new
+    epoch above B's, or every agent that accepted B would drop its announcements and states as stale."""
+    clock = Clock()
+    first, _, _ = make_engine(tmp_path, clock)
+    run_a_round(first, clock)
+    store = CheckpointStore(tmp_path / "state")
+    store.path("checkpoint").rename(tmp_path / "run-a.msgpack")
+    clock.now += 5.0
+    second, _, _ = make_engine(tmp_path, clock)
+    assert second.run.run_id != first.run.run_id and second.run.epoch > first.run.epoch
+    (tmp_path / "run-a.msgpack").rename(store.path("checkpoint"))
+    clock.now += 5.0
+    third, _, _ = make_engine(tmp_path, clock)
+    assert third.run.run_id == first.run.run_id and third.run.epoch > second.run.epoch
+    assert decode(store.path(FRESHNESS).read_bytes())["epoch"] == third.run.epoch
+
+
 def run_a_round(engine: EngineDriver, clock: Clock) -> None:
     for agent_id in ("a", "b"):
         tell(engine, status(agent_id, P, 1))

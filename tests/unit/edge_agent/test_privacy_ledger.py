@@ -155,6 +155,23 @@ def test_reported_epsilon_never_drops_below_what_was_recorded(tmp_path: Path) ->
     assert PrivacyLedger.open(AgentStateDir(tmp_path), fixed()).epsilon == pytest.approx(ledger.epsilon + 1.0)
 
 
+def test_a_recorded_spend_above_the_history_is_charged_on_top_of(tmp_path: Path) -> None:
+    """A ledger whose recorded epsilon exceeds what its history gives (an older, looser accountant) is exhausted
+    at that figure: the next round is refused, and a round that fits is charged above the recorded spend."""
+    ledger = PrivacyLedger.open(AgentStateDir(tmp_path), fixed(budget=6.0))
+    ledger.charge([ROUND])
+    path = tmp_path / "privacy.json"
+    data = json.loads(path.read_text())
+    data["epsilon"] = 6.0
+    path.write_text(json.dumps(data))
+    reopened = PrivacyLedger.open(AgentStateDir(tmp_path), fixed(budget=6.0))
+    assert reopened.exhausted and reopened.epsilon == pytest.approx(6.0)
+    with pytest.raises(BudgetExhausted):
+        reopened.charge([Charge(5.0, 0.01, 10)])  # tiny on its own, but the budget is spent
+    roomy = PrivacyLedger.open(AgentStateDir(tmp_path), fixed(budget=100.0))
+    assert roomy.charge([Charge(5.0, 0.01, 10)]) > 6.0
+
+
 def test_gdp_accountant_refuses_to_mix_noise_levels(tmp_path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus warns that GDP is experimental
