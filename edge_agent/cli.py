@@ -39,12 +39,15 @@ def run(settings: AgentSettings) -> int:
         give_back_library_pages("after the settings")
     # Imported here so that --help and configuration errors answer without loading torch.
     from edge_agent.bootstrap import build_agent
+    from edge_agent.state import StateDirClaim
 
     if give_back:
         give_back_library_pages("after importing torch")
     try:
+        claim = StateDirClaim(settings.state_dir)  # held until the process exits
         agent = build_agent(settings)
-    except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, alike
+    except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, a state
+        # directory another agent holds, alike
         typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
     if give_back:
@@ -52,7 +55,10 @@ def run(settings: AgentSettings) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return agent.run(stop)
+    try:
+        return agent.run(stop)
+    finally:
+        claim.release()
 
 
 app.command("run")(settings_command(AgentSettings, run))
