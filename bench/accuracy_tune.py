@@ -48,8 +48,8 @@ GRID: list[tuple[str, Callable[[dict[str, dict[str, Any]]], list[dict[str, Any]]
                                for lr in (0.01, 0.05) for m in (0.0, 0.9)]),
     ("fedprox", lambda chosen: [{**_base(chosen["fedavg"]), "params": {"prox_mu": mu}}
                                 for mu in (0.001, 0.01, 0.1, 1.0)]),
-    ("scaffold", lambda chosen: [{**chosen["scaffold"], "learning_rate": lr, "momentum": 0.0}
-                                 for lr in (0.01, 0.02, 0.05, 0.1)]),
+    ("scaffold", lambda chosen: [{**chosen["scaffold"], "learning_rate": lr, "momentum": m}
+                                 for lr in (0.01, 0.05) for m in (0.0, 0.9)]),  # FedAvg's grid
     ("alone", _alone((2, 4))),
     ("fedproto", _fedproto("alone")),
     ("alone-few", _alone((4, 8))),  # 2 or 3 batches an epoch: more epochs a round

@@ -124,6 +124,10 @@ class RoundAnnouncement(Message):
     """The run's epoch (as in ``CoordinatorStatus``)."""
     secure: SecureSetup | None = None
     """Set when the round is securely aggregated (SecAgg+): agents answer through its stages, not ``Update``."""
+    claim_cap: int | None = Field(default=None, ge=1, le=2**31)
+    """The most samples an update counts for at the root, for an agent without an enrolled cap (a multiple of
+    the median claim of the round's selected agents); None: no such cap. A site aggregator caps its agents at
+    no more, since the root cannot re-weigh a site's sum."""
 
     @model_validator(mode="after")
     def _refs_match_families(self) -> RoundAnnouncement:

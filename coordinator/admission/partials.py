@@ -4,14 +4,16 @@ a decision out.
 A site enrolls like an agent (its id and public key in the enrollment file) and the intake has already
 checked that the site's own key signed it. What is checked here is what the root can check without the
 updates: the partial is of this run, of the open training round, started from the state the round
-announced for its family, and names only agents the round selected, of that family, that have not
-answered yet (directly or through another site), each counted for no more than its cap. One bad entry
+announced for its family, and names only agents the round selected, of that family, bound to this site
+(its roster vouched for them, and they have not spoken to the root or another site since), that have not
+answered yet, each counted for no more than its cap. One bad entry
 refuses the whole partial: its sums cannot be split, and counting part of them twice is worse than not
 counting them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from coordinator.admission.decisions import Accept, Reject
@@ -30,8 +32,9 @@ class PartialIn:
 
 
 def admit_partial(topic: ParsedTopic, partial: PartialAggregate, view: AdmissionView,
-                  taken: set[tuple[str, str]]) -> Accept | Reject:
-    """``taken``: the (site, family) pairs whose partial the open round already holds. Changes nothing."""
+                  taken: set[tuple[str, str]], site_of: Mapping[str, str]) -> Accept | Reject:
+    """``taken``: the (site, family) pairs whose partial the open round already holds; ``site_of``: agent -> the
+    site it is bound to (``RosterOrder.site_of``). Changes nothing."""
     if partial.site_id != topic.agent_id or partial.round != topic.round:
         return Reject(RejectReason.TOPIC_MISMATCH,
                       f"partial of {partial.site_id}/{partial.round} on {topic.agent_id}/{topic.round}")
@@ -57,20 +60,24 @@ def admit_partial(topic: ParsedTopic, partial: PartialAggregate, view: Admission
     for agent_id, outcome in partial.outcomes.items():
         if agent_id not in open_round.selected_set:
             return Reject(RejectReason.UNSELECTED, f"{agent_id} was not selected for round {partial.round}")
+        if site_of.get(agent_id) != partial.site_id:  # else a site could settle (or void) agents it does not hold
+            holder = site_of.get(agent_id)
+            where = f"held by site {holder}" if holder else "held by no site"
+            return Reject(RejectReason.HELD_ELSEWHERE, f"{agent_id} is {where}, not {partial.site_id}")
         if agent_id in open_round.updates or agent_id in open_round.settled:
             return Reject(RejectReason.DUPLICATE, f"{agent_id} already answered round {partial.round}")
         family = view.agents.family_of(agent_id)
         if family is not None and family != partial.family:
             return Reject(RejectReason.WRONG_FAMILY, f"{agent_id} is of {family}, the partial of {partial.family}")
-        cap = hard_cap(view, agent_id)
-        if outcome.outcome == "accepted" and (outcome.samples > cap or outcome.weight > outcome.samples):
+        hard, cap = hard_cap(view, agent_id), view.sample_cap(agent_id)
+        if outcome.outcome == "accepted" and (outcome.samples > hard or outcome.weight > min(cap, outcome.samples)):
             return Reject(RejectReason.BAD_PARTIAL, f"{agent_id} counted for {outcome.weight} "
                                                     f"({outcome.samples} samples), its cap is {cap}")
     return Accept()
 
 
 def hard_cap(view: AdmissionView, agent_id: str) -> int:
-    """The most samples an agent may count for whoever folded it: its enrolled cap, else ``max_samples``.
-    (The median-based claim cap is a site's own: it takes the median of its agents' claims.)"""
+    """The most samples an agent may claim, whoever folded it: its enrolled cap, else ``max_samples``. What it
+    may count for is ``view.sample_cap``: the round announced the median-based cap, and sites apply it too."""
     own = view.enrolled.max_samples_of(agent_id) if view.enrolled is not None else None
     return min(view.max_samples, own) if own else view.max_samples

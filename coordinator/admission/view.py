@@ -89,14 +89,22 @@ class AdmissionView:
 
         The operator's enrolled ``max_samples`` where given; otherwise a multiple of the median sample
         count the round's selected agents reported when it opened (one device cannot move a median),
-        and never more than ``max_samples``."""
+        and never more than ``max_samples`` nor the ``claim_cap`` the round announced (a site's agents:
+        the root's median is over every selected agent, the site's over its own)."""
         own = self.enrolled.max_samples_of(agent_id) if self.enrolled is not None else None
         if own:
             return min(self.max_samples, own)
+        cap = self.max_samples
         median = self.open_round.median_claim if self.open_round is not None else None
-        if median is None or self.claim_cap_multiple <= 0:
-            return self.max_samples
-        return min(self.max_samples, max(1, math.ceil(self.claim_cap_multiple * median)))
+        if median is not None and self.claim_cap_multiple > 0:
+            cap = median_cap(median, self.claim_cap_multiple, self.max_samples)
+        announced = self.open_round.announcement.claim_cap if self.open_round is not None else None
+        return cap if announced is None else min(cap, announced)
+
+
+def median_cap(median: float, multiple: float, max_samples: int) -> int:
+    """``multiple`` x the median claim, rounded up, between 1 and ``max_samples``."""
+    return min(max_samples, max(1, math.ceil(multiple * median)))
 
 
 class UpdatePolicy(Protocol):

@@ -8,6 +8,7 @@ import statistics
 import time
 
 from coordinator.admission.decisions import Reject
+from coordinator.admission.view import median_cap
 from coordinator.fleet.agents import AgentRecord
 from coordinator.fleet.selection import plan_selection
 from coordinator.fleet.waiting import not_available
@@ -69,6 +70,9 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
         announcement = parts.secure.plan(parts, announcement, {r.agent_id: r for r in pool if r.agent_id in chosen})
     claims = [r.status.num_samples for r in pool if r.agent_id in chosen]
     median_claim = float(statistics.median_low(claims)) if claims else None  # of two claims, the lower
+    if median_claim is not None and s.claim_cap_multiple > 0:  # what sites must cap their agents at too
+        announcement = announcement.model_copy(update={"claim_cap": median_cap(median_claim, s.claim_cap_multiple,
+                                                                               s.max_samples_per_update)})
     plain = encode_message(announcement)
     parts.actions.add(Save(OPEN_ROUND, {"run_id": run.run_id, "round": number, "announcement": plain,
                                         "wanted": wanted, "median_claim": median_claim}))

@@ -19,9 +19,10 @@ import numpy as np
 from coordinator.admission.decisions import Reject
 from coordinator.admission.partials import PartialIn, admit_partial
 from coordinator.aggregation import AggregationError
-from coordinator.aggregation.running_mean import RunningMean, layout_key
+from coordinator.aggregation.running_mean import RunningMean, l2_norm, layout_key
 from coordinator.reasons import RejectReason
 from coordinator.round import applying
+from coordinator.round.norm_clip import RoundNorms
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
 from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
@@ -39,7 +40,8 @@ OTHER_REASON = "site_other"
 def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None:
     partial, site = inbound.partial, inbound.partial.site_id
     view = applying.admission_view(parts, run, parts.clock())
-    decision = admit_partial(inbound.topic, partial, view, run.open.partials if run.open is not None else set())
+    decision = admit_partial(inbound.topic, partial, view, run.open.partials if run.open is not None else set(),
+                             parts.rosters.site_of)
     if isinstance(decision, Reject):
         refuse(parts, run, site, decision)
         return
@@ -54,10 +56,13 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
             refuse(parts, run, site, problem)
             return
     elif partial.count and not partial.proposal:
-        problem = _fold(parts, partial, {a for a, o in accepted.items() if o.weight > 0})
+        problem = _fold(parts, run, partial, set(accepted))  # weight-0 agents too: folded with no weight, as here
         if problem is not None:
             refuse(parts, run, site, problem)
             return
+    weightless = run.open.announcement.task == "train" and not (partial.count or partial.proposal or partial.secure
+                                                                 or session is not None)
+    """A training round's accepted agents, every one of weight 0, and no sums: they answered, with nothing to fold."""
     open_round, m = run.open, parts.metrics
     open_round.partials.add((site, partial.family))
     open_round.bytes_in += inbound.size
@@ -70,7 +75,12 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
                                   task_ref=open_round.announcement.task_ref, family=partial.family,
                                   base_digest=partial.base_digest, weights=dict(partial.proposal))
     for agent_id, outcome in partial.outcomes.items():
-        if outcome.outcome == "accepted":
+        if outcome.outcome == "accepted" and weightless:
+            open_round.settled.add(agent_id)
+            parts.applied.record(agent_id, partial.round)
+            m.updates.labels("accepted").inc()
+            counts["accepted"] += 1
+        elif outcome.outcome == "accepted":
             metrics = TrainMetrics.model_construct(eval_accuracy=outcome.eval_accuracy, eval_loss=outcome.eval_loss,
                                                    num_eval_samples=outcome.num_eval_samples)
             open_round.updates[agent_id] = base.model_copy(update={
@@ -94,7 +104,7 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
              sum(o.outcome == "straggler" for o in partial.outcomes.values()))
 
 
-def _fold(parts: EngineParts, partial: PartialAggregate, members: set[str]) -> Reject | None:
+def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members: set[str]) -> Reject | None:
     """The partial's sums into the round's folded means; why they cannot be, or None."""
     state = parts.strategy.states.get(partial.family)
     if state is None:
@@ -105,15 +115,41 @@ def _fold(parts: EngineParts, partial: PartialAggregate, members: set[str]) -> R
             expected = state.weights.get(name)
             if expected is None or array.shape != expected.shape:
                 return Reject(RejectReason.BAD_PARTIAL, f"sum {name} does not match the {partial.family} layout")
+        for name, array in partial.integers.items():  # taken as they are: they must be the state's to the dtype
+            expected = state.weights.get(name)
+            if expected is None or array.shape != expected.shape or array.dtype != expected.dtype:
+                return Reject(RejectReason.BAD_PARTIAL, f"integer array {name} is {array.dtype.str}{list(array.shape)}, "
+                                                        f"not the {partial.family} layout's")
         mean = RunningMean.of_sums(layout_key(state.weights), partial.sums, partial.integers, partial.total_weight,
                                    partial.count, (heaviest, partial.heaviest or ""))
     except AggregationError as exc:
         return Reject(RejectReason.BAD_PARTIAL, exc.detail)
     if any(not np.isfinite(s).all() for s in mean.sums.values()):
         return Reject(RejectReason.BAD_PARTIAL, "sums are not finite")
+    limit = mean_norm_limit(run.norm_gate.norms, partial.family)
+    size = l2_norm(mean.sums) / partial.total_weight
+    if limit is not None and size > limit:  # the site's mean counts like one delta clipped here
+        mean.sums = {name: s * (limit / size) for name, s in mean.sums.items()}
+        assert run.open is not None
+        run.open.clipped_norms.append(partial.site_id)
+        log.info("round %d: site %s's %s mean delta clipped from norm %.4g to %.4g", partial.round, partial.site_id,
+                 partial.family, size, limit)
     if not parts.strategy.accumulate_sums(partial.family, mean, members):
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
     return None
+
+
+def mean_norm_limit(norms: RoundNorms, family: str) -> float | None:
+    """How long a site's mean delta of ``family`` may be: the bound a direct delta is clipped to, the larger of this
+    round's and the one carried from earlier rounds; None while the root has neither (or clipping is off).
+
+    A mean of deltas the site clipped is no longer than the longest of them, and an honest mean is usually much
+    shorter; a site that lies about its sums moves the model no further than one agent of its weight could."""
+    if norms.ratio <= 0:
+        return None
+    bounds = [b for b in (norms.bound(family), norms.ratio * norms.trusted[family] if family in norms.trusted
+                          else None) if b is not None]
+    return max(bounds) if bounds else None
 
 
 def refuse(parts: EngineParts, run: RunState, site: str, reject: Reject) -> None:

@@ -4,7 +4,7 @@ Three linear-regression clients with different slopes, intercepts and shifted in
 round every selected client takes 25 full-batch SGD steps. FedAvg's fixed point is pulled
 towards the clients' own optima (client drift); SCAFFOLD's correction removes the drift and
 lands on the centralised least-squares optimum. Both run the real agent-side algorithm code
-(load, begin, after_backward, payload), real Update and GlobalState messages, and the real
+(load, begin, after_backward, after_step, payload), real Update and GlobalState messages, and the real
 server strategies; only the loss (squared error instead of cross-entropy) is the test's.
 """
 
@@ -77,6 +77,7 @@ def local_round(algorithm: str, agent: int, round_number: int, strategy: Strateg
         loss.backward()
         client.after_backward(model)  # type: ignore[arg-type]
         optimizer.step()
+        client.after_step(model)  # type: ignore[arg-type]
     model.steps_seen += steps
     result = TrainResult(loss=loss.item(), accuracy=0.0, steps=steps, duration_s=0.0)
     payload = client.payload(model, None, result, plan)  # type: ignore[arg-type]  # the data is not needed

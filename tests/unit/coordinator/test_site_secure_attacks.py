@@ -102,7 +102,7 @@ def test_a_site_cannot_settle_another_sites_agents(tmp_path: Path) -> None:
     topic, partial = held["s1"]
     stragglers = {agent: AgentOutcome(outcome="straggler") for agent in SITES["s2"]}
     send(fed, topic, partial.model_copy(update={"outcomes": {**partial.outcomes, **stragglers}}))
-    assert refused(fed, "bad_partial") == 1
+    assert refused(fed, "held_elsewhere") == 1  # admission: s2's agents are bound to s2
     genuine_ones_complete_the_round(fed, held)
 
 
@@ -114,7 +114,7 @@ def test_an_empty_secure_partial_from_a_site_without_a_session_settles_nobody(tm
     forged = partial.model_copy(update={"site_id": "s9", "count": 0, "ring_sum": np.zeros(1, np.uint32),
                                         "outcomes": {b: AgentOutcome(outcome="straggler") for b in SITES["s2"]}})
     send(fed, TOPICS.partial("s9", partial.round), forged)
-    assert refused(fed, "bad_partial") == 1
+    assert refused(fed, "held_elsewhere") == 1  # s2's agents, not s9's
     open_round = fed.root.run.open
     assert open_round is not None and not open_round.settled and not open_round.partials
 

@@ -17,6 +17,7 @@ from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.partials import PartialAggregate
 from protocol.security.signing import SigningKey
+from protocol.site_rosters import SiteRoster
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, make_engine, rejected, weights
@@ -34,6 +35,16 @@ def site_engine(tmp_path: Path, site_id: str, clock: Clock, signing_key: Signing
                             min_available_agents=2, min_fit_agents=2, **{"enrollment": "open", **PLAIN_MEAN, **overrides})
     return SiteEngine(settings, CoordinatorMetrics(CollectorRegistry()), signing_key=signing_key,
                       coordinator_key=None, clock=clock, wall_clock=clock)
+
+
+def vouch(root: EngineDriver, site_id: str, agents: list[str]) -> None:
+    """The site's roster, up the bridge: its agents' statuses, which bind them to the site at the root (a partial
+    names only agents bound to its site)."""
+    statuses = [AgentStatus(agent_id=a, state="online", device="rpi", family="f", num_samples=SAMPLES[a],
+                            num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
+                for a in agents]
+    roster = SiteRoster(site_id=site_id, started_at=1.0, seq=1, statuses=statuses, present=list(agents))
+    root.on_message(TOPICS.site_roster(site_id), encode_message(roster))
 
 
 def tick_site(site: SiteEngine) -> tuple[float, list[tuple[str, bytes]]]:
@@ -128,8 +139,9 @@ def test_a_sites_rejects_and_stragglers_reach_the_root_and_nothing_counts_twice(
     clock = Clock()
     root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
     site = site_engine(tmp_path, "s3", clock)
+    vouch(root, "s3", SITES["s3"])
     for agent_id in SITES["s3"]:
-        hello(root, agent_id, samples=SAMPLES[agent_id]), hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+        hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
     root.tick()
     payload = outbox.last(TOPICS.rounds_current)
     announcement = decode_message(payload, RoundAnnouncement)
@@ -170,11 +182,14 @@ def test_the_root_takes_partials_only_from_enrolled_site_keys(tmp_path: Path) ->
     root, outbox, metrics = make_engine(tmp_path, clock, enrollment="required", **PLAIN_MEAN)
     site = site_engine(tmp_path, "s3", clock, signing_key=stranger, enrollment="required",
                        enrolled_agents_file=state / "enrolled.json")
+    statuses = []
     for agent_id, key in agent_keys.items():
         status = AgentStatus(agent_id=agent_id, state="online", device="rpi", family="f", num_samples=SAMPLES[agent_id],
                              num_eval_samples=2, version="t", timestamp=0.0, task_ref=DIGITS, layout=LAYOUT)
-        signed = encode_message(key.seal(encode_message(status)))
-        root.on_message(TOPICS.agent_status(agent_id), signed), site.on_message(TOPICS.agent_status(agent_id), signed)
+        site.on_message(TOPICS.agent_status(agent_id), encode_message(key.seal(encode_message(status))))
+        statuses.append(status)
+    roster = SiteRoster(site_id="s3", started_at=1.0, seq=1, statuses=statuses, present=list(agent_keys))
+    root.on_message(TOPICS.site_roster("s3"), encode_message(site_key.seal(encode_message(roster))))  # the real key
     root.tick()
     payload = outbox.last(TOPICS.rounds_current)
     announcement = decode_message(payload, RoundAnnouncement)
@@ -214,8 +229,7 @@ def test_a_restarted_site_holds_updates_that_come_before_their_announcement_and_
     announcement and statuses: held, then judged once those come; one partial, every agent counted once."""
     clock = Clock()
     root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
-    for agent_id in SITES["s2"]:
-        hello(root, agent_id, samples=SAMPLES[agent_id])
+    vouch(root, "s2", SITES["s2"])
     root.tick()
     payload = outbox.last(TOPICS.rounds_current)
     announcement = decode_message(payload, RoundAnnouncement)
