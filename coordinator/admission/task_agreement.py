@@ -29,6 +29,9 @@ from protocol.tasks import FamilyLayout, TaskCard, layout_fingerprint
 
 log = logging.getLogger(__name__)
 
+MAX_FAMILIES = 64
+"""The most families a run pins: a round announces each selected family's layout and state (at most 64 each)."""
+
 
 def fingerprint_of(arrays: Mapping[str, np.ndarray]) -> str:
     """The layout fingerprint of ``arrays``; asked for every update, so remembered per layout."""
@@ -85,14 +88,25 @@ class TaskAgreement:
         for status in statuses:
             if status.task_ref == self.card.ref:
                 votes.setdefault(status.family, Counter())[status.layout] += 1
-        for family, counter in sorted(votes.items()):
-            if family not in self.layouts:
+        for family, counter in sorted(votes.items(), key=lambda item: (item[0] not in self.card.families, item[0])):
+            if family not in self.layouts and not self._room_for(family):
+                log.info("task %s: family %s is not on the card and the run has room for no more families",
+                         self.card.ref, family)
+            elif family not in self.layouts:
                 layout, count = counter.most_common(1)[0]
                 if 2 * count > sum(counter.values()):
                     self._pinned(family, layout, f"{count} of {sum(counter.values())} agents")
                 else:
                     log.info("task %s: family %s has no layout most of its %d agents agree on yet", self.card.ref,
                              family, sum(counter.values()))
+
+    def _room_for(self, family: str) -> bool:
+        """Whether ``family`` may be pinned: a round announces at most ``MAX_FAMILIES``, and the card's own families
+        always keep their place (agents naming made-up families must not crowd them out, nor overflow a round)."""
+        if family in self.card.families:
+            return True
+        unpinned_card = sum(f not in self.layouts for f in self.card.families)
+        return len(self.layouts) + unpinned_card < MAX_FAMILIES
 
     def _pinned(self, family: str, layout: str, source: str) -> None:
         self.layouts[family] = layout

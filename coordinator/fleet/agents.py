@@ -40,6 +40,9 @@ class Observation:
     """Its process changed since the last status: it restarted (or a second device uses its id)."""
     new_reconnects: int
     """Reconnects it made since the last status this coordinator saw."""
+    evicted: str | None = None
+    """The longest-silent agent the registry let go to make room for this one (whatever else is kept per agent
+    must let it go too)."""
 
 
 MAX_RECONNECTS_PER_STATUS = 1_000
@@ -105,6 +108,7 @@ class AgentRegistry:
         restart does not count the fleet's earlier reconnects again.
         """
         previous = self._agents.get(status.agent_id)
+        evicted = None
         if previous is None and len(self._agents) >= self.capacity:
             oldest = next(iter(self._agents.values()))
             refusal = self.refusal(status.agent_id, now)
@@ -113,6 +117,7 @@ class AgentRegistry:
             del self._agents[oldest.agent_id]
             self._index.dropped(oldest.agent_id)
             self._close_mark(oldest.agent_id)
+            evicted = oldest.agent_id
         self._marks[status.agent_id] = advanced(self._marks.get(status.agent_id), status.epoch, status.seq)
         self._marks.move_to_end(status.agent_id)
         if len(self._marks) > self.capacity:
@@ -130,7 +135,7 @@ class AgentRegistry:
         self._agents[status.agent_id] = AgentRecord(status, now, seen)
         self._agents.move_to_end(status.agent_id)
         self._index.heard(status.agent_id)
-        return Observation(restarted=restarted, new_reconnects=new_reconnects)
+        return Observation(restarted=restarted, new_reconnects=new_reconnects, evicted=evicted)
 
     def forget_silent(self, now: float, after_s: float) -> list[str]:
         """Forget agents not heard from for ``after_s``: gone for good, they hold no memory here."""

@@ -64,6 +64,8 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
         status = status.model_copy(update={"label_counts": None})
     previous = parts.registry.get(status.agent_id)
     seen = parts.registry.observe(status, now)
+    if seen.evicted is not None:
+        let_go(parts, seen.evicted)
     m = parts.metrics
     device = m.device_label(status.device)
     if seen.restarted:
@@ -73,7 +75,8 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
     if status.state == "offline" and run.open is not None and status.agent_id in run.open.selected_set:
         run.open.went_offline.add(status.agent_id)
     parts.privacy.observe(status.agent_id, status.device, status.privacy)
-    if previous is None or previous.status.state != status.state:
+    if (previous is None or previous.status.state != status.state) and parts.state_log.allow(status.agent_id, "state",
+                                                                                             now):
         spent = f", epsilon {status.privacy.epsilon:.4g}" if status.privacy is not None else ""
         log.info("agent %s (%s, %s, %d samples) is %s%s", status.agent_id, status.device, status.family,
                  status.num_samples, status.state, spent)
@@ -82,8 +85,15 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
 def forget(parts: EngineParts, agent_id: str) -> None:
     """A cleared retained status (decommissioned), or silent past ``forget_agents_after_s``."""
     parts.registry.forget(agent_id)
+    let_go(parts, agent_id)
+
+
+def let_go(parts: EngineParts, agent_id: str) -> None:
+    """What is kept per agent beside the registry, for one the registry no longer holds (forgotten or evicted):
+    without this a sender cycling through fresh ids would grow them past the registry's cap."""
     parts.privacy.forget(agent_id)
     parts.labels.forget(agent_id)
+    parts.rosters.forget(agent_id)
 
 
 def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision: Decision) -> None:

@@ -211,7 +211,7 @@ class RoundEngine:
             return
         run.gauges_refreshed = now
         for agent_id in parts.registry.forget_silent(now, parts.settings.forget_agents_after_s):
-            parts.privacy.forget(agent_id)
+            applying.let_go(parts, agent_id)
         # Applied versions stay while an update of theirs could still be taken (within max_staleness).
         parts.applied.prune(run.current_round - parts.settings.max_staleness - 1)
         if len(parts.labels) > len(parts.registry):  # the registry evicted some when full

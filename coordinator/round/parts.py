@@ -60,6 +60,10 @@ class SecureStages(Protocol):
     def advance(self, parts: EngineParts, run: RunState, now: float) -> None: ...
 
 
+STATE_LOG_INTERVAL_S = 60.0
+"""An agent's state changes are logged at most once in this many seconds (the metrics count every one)."""
+
+
 @dataclass
 class EngineParts:
     settings: CoordinatorSettings
@@ -91,6 +95,8 @@ class EngineParts:
     duplicates: DuplicateWatch
     rosters: RosterOrder = field(default_factory=RosterOrder)
     """Per site, the newest roster taken and the last resync request (``coordinator/round/rosters.py``)."""
+    state_log: NoticeLimiter = field(default_factory=lambda: NoticeLimiter(STATE_LOG_INTERVAL_S))
+    """How often an agent's change of state is logged: a flapping sender must not flood the log."""
     secure: SecureStages | None = None
     """Secure aggregation's stages (``coordinator/round/secure.py``, set by the engine), with ``secure_aggregation`` on."""
 

@@ -63,9 +63,11 @@ def apply_roster(parts: EngineParts, run: RunState, inbound: RosterIn) -> None:
                              f"claims {len(named)} agents live elsewhere: {', '.join(named[:5])}")
     if roster.present is None:
         return
-    for agent_id in present:
-        parts.rosters.bind(agent_id, site)
     unknown = parts.registry.touch(present, now)
+    missing = set(unknown)
+    for agent_id in present:  # only agents the registry holds: an id list alone must not grow the bindings
+        if agent_id not in missing:
+            parts.rosters.bind(agent_id, site)
     if unknown and parts.rosters.may_ask(site, now):
         everyone = len(unknown) == len(present)
         log.info("site %s: asking for the statuses of %s", site,

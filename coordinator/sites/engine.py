@@ -238,7 +238,11 @@ class SiteEngine:
         elif isinstance(decision, Reject):
             self.rejects.record("agent_status", decision.reason.value, inbound.agent_id, decision.detail)
         elif isinstance(decision, Observe):
-            self.registry.observe(decision.status.model_copy(update={"label_counts": None}), self.clock())
+            seen = self.registry.observe(decision.status.model_copy(update={"label_counts": None}), self.clock())
+            if seen.evicted is not None:  # let go here too, and the root is told it is gone
+                self.book.forgot(seen.evicted)
+                if self._mine_now is not None:
+                    self._mine_now.pop(seen.evicted, None)
             self.book.heard(decision.status)  # label counts kept: the root weighs and watches by them
             agent_id = decision.status.agent_id
             if self._mine_now is not None and self.round is not None and agent_id in self.round.open.selected_set:

@@ -12,6 +12,9 @@ from coordinator.admission.task_agreement import TaskAgreement, fingerprint_of
 from coordinator.settings import CoordinatorSettings
 from protocol.messages import AgentStatus, LocalTraining, RoundAnnouncement, TaskRef, TrainMetrics, Update
 from protocol.tasks import BUILTIN_CARDS, TaskCard
+from protocol.wire import encode_message
+from tests.unit.coordinator.test_engine import LAYOUT as SENT_LAYOUT
+from tests.unit.coordinator.test_engine import TOPICS, Clock, make_engine
 
 DIGITS = BUILTIN_CARDS["digits"]
 ARRAYS = {"w": np.zeros((2, 3), np.float32)}
@@ -108,3 +111,25 @@ def test_settings_take_a_builtin_name_or_a_card_file(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text('{"name": "acme", "version": "1", "classes": ["x"], "families": ["a"]}')
     with pytest.raises(ValidationError, match="task card .*bad.json: .*at least two classes"):
         CoordinatorSettings(task=str(tmp_path / "bad.json"))
+
+
+def test_made_up_families_neither_overflow_a_round_nor_crowd_out_the_cards() -> None:
+    """A round announces at most 64 families. 70 agents, each the whole majority of a family the card does not
+    list, pin only as many as leave room for the card's own three, which still pin after them."""
+    agreement = TaskAgreement(DIGITS)
+    agreement.pin([status(f"x{i}", family=f"made-up-{i:02d}") for i in range(70)], {})
+    assert len(agreement.layouts) == 64 - len(DIGITS.families)
+    agreement.pin([status(f"c{i}", family=family) for i, family in enumerate(DIGITS.families)], {})
+    assert len(agreement.layouts) == 64 and set(DIGITS.families) <= agreement.layouts.keys()
+    agreement.pin([status("late", family="made-up-99")], {})
+    assert "made-up-99" not in agreement.layouts
+
+
+def test_65_made_up_families_do_not_stop_the_coordinator(tmp_path: Path) -> None:
+    """Each a 1-of-1 majority: pinned all, the 65 would overflow the announcement and raise out of the tick."""
+    engine, _, _ = make_engine(tmp_path, Clock())
+    for i in range(65):
+        engine.on_message(TOPICS.agent_status(f"a{i}"), encode_message(status(f"a{i}", SENT_LAYOUT,
+                                                                             family=f"made-up-{i:02d}")))
+    engine.tick()
+    assert engine.engine.run.open is not None and len(engine.engine.run.open.announcement.layouts) <= 64
