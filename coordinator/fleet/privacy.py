@@ -3,6 +3,10 @@
 Statuses count too: an agent whose budget is spent sends no more updates, but its retained
 status still carries what it spent. Per agent the largest epsilon ever reported is kept, so
 the exported figures never go down while the coordinator runs (unless an agent is removed).
+
+An agent's ledger only grows. One that reports less than it did (a restored backup of its state
+directory, a wiped one under a fixed id) would train again on data whose budget is spent: the
+engine then stops selecting it to train until it reports at least as much again.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from dataclasses import dataclass
 
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import PrivacySpent
+
+ROLLBACK_TOLERANCE = 1.0 - 1e-6
+"""A report this far under the highest (relatively) is a ledger that went back, not float noise."""
 
 
 @dataclass(frozen=True)
@@ -32,15 +39,19 @@ class FleetPrivacy:
         self._device_exhausted: dict[str, int] = {}
         self._max: float | None = None
 
-    def observe(self, agent_id: str, device: str, spent: PrivacySpent | None) -> None:
+    def observe(self, agent_id: str, device: str, spent: PrivacySpent | None) -> float | None:
+        """Take an agent's report; the highest epsilon it reported before when this one is lower (its ledger went
+        back), else None."""
         if spent is None:
-            return
+            return None
         previous = self._agents.get(agent_id)
+        behind = previous.epsilon if previous is not None and spent.epsilon < previous.epsilon * ROLLBACK_TOLERANCE \
+            else None
         label = self.metrics.device_label(device)
         epsilon = spent.epsilon if previous is None else max(previous.epsilon, spent.epsilon)
         record = AgentPrivacy(label, epsilon, spent.delta, spent.exhausted)
         if record == previous:
-            return
+            return behind
         if previous is not None and previous.device != label:  # the same id on another device class
             self.forget(agent_id)
             previous = None
@@ -55,6 +66,7 @@ class FleetPrivacy:
         if self._max is None or epsilon > self._max:
             self._max = epsilon
             m.epsilon_max.set(epsilon)
+        return behind
 
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""

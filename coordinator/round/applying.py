@@ -20,7 +20,7 @@ from coordinator.round.norm_clip import clipped
 from coordinator.round.notifying import notify, watch_duplicates
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
-from protocol.messages import AgentStatus, Update
+from protocol.messages import AgentStatus, PrivacySpent, Update
 
 log = logging.getLogger("coordinator.round.engine")
 
@@ -74,7 +74,7 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
         m.agent_reconnects.labels(device).inc(seen.new_reconnects)
     if status.state == "offline" and run.open is not None and status.agent_id in run.open.selected_set:
         run.open.went_offline.add(status.agent_id)
-    parts.privacy.observe(status.agent_id, status.device, status.privacy)
+    _privacy_reported(parts, status.agent_id, status.device, status.privacy, now)
     if (previous is None or previous.status.state != status.state) and parts.state_log.allow(status.agent_id, "state",
                                                                                              now):
         spent = f", epsilon {status.privacy.epsilon:.4g}" if status.privacy is not None else ""
@@ -143,9 +143,23 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
         for (held, weight), bound in run.norm_gate.admit(update.family, (update, accept.weight), accept.norm):
             _fold(parts, run, held, weight, bound)
     record = parts.registry.get(update.agent_id)
-    parts.privacy.observe(update.agent_id, record.status.device if record else "other", update.privacy)
+    _privacy_reported(parts, update.agent_id, record.status.device if record else "other", update.privacy,
+                      parts.clock())
     if update.privacy is not None and update.privacy.exhausted:
         parts.registry.budget_spent(update.agent_id, update.privacy)
+
+
+def _privacy_reported(parts: EngineParts, agent_id: str, device: str, spent: PrivacySpent | None, now: float) -> None:
+    """Count what the agent spent; one whose ledger went back is not selected to train (as if spent) until it
+    reports at least the highest figure again."""
+    highest = parts.privacy.observe(agent_id, device, spent)
+    if highest is None or spent is None:
+        return
+    parts.registry.budget_spent(agent_id, spent.model_copy(update={"epsilon": highest, "exhausted": True}))
+    if parts.state_log.allow(agent_id, "privacy_rollback", now):
+        log.warning("agent %s reports epsilon %.6g, below the %.6g it reported before: its privacy ledger went back "
+                    "(a restored or wiped state directory?); not selected to train until it reports %.6g again",
+                    agent_id, spent.epsilon, highest, highest)
 
 
 def _fold(parts: EngineParts, run: RunState, update: Update, weight: float, bound: float | None = None) -> None:

@@ -108,3 +108,25 @@ def test_agents_with_a_spent_budget_still_score_the_final_model(tmp_path: Path) 
     engine.tick()
     final = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
     assert (final.round, final.task, final.selected) == (2, "evaluate", ["a", "b"])
+
+
+def test_an_agent_whose_ledger_went_back_trains_no_more_until_it_reports_its_highest_again(tmp_path: Path) -> None:
+    """A restored backup of an agent's state directory reports less than it spent: its data's budget would be spent
+    again. It stays known (evaluated, counted) but is not selected to train until it reports at least as much."""
+    clock = Clock()
+    engine, _, metrics = make_engine(tmp_path, clock, min_available_agents=2, min_fit_agents=2)
+    registry = engine.engine.parts.registry
+
+    def report(agent_id: str, epsilon: float, seq: int) -> None:
+        message = status(agent_id, "rpi", epsilon).model_copy(update={"epoch": 1, "seq": seq})
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(message))
+
+    report("a", 3.0, 1), report("b", 0.0, 1)
+    assert [r.agent_id for r in registry.available(clock.now)] == ["a", "b"]
+    report("a", 1.0, 2)  # went back
+    assert [r.agent_id for r in registry.available(clock.now)] == ["b"]
+    assert gauge(metrics, "fl_privacy_epsilon_max") == 3.0
+    engine.tick()
+    assert engine.engine.run.open is None  # two needed, one selectable
+    report("a", 3.0, 3)
+    assert [r.agent_id for r in registry.available(clock.now)] == ["a", "b"]
