@@ -95,6 +95,9 @@ class Variant:
     """Local heavy-ball momentum on the raw gradient; the correction is applied after each step, outside it."""
     lr: float | None = None
     """This row's local rate (None: ``--lr``)."""
+    clip_median: bool = False
+    """As the coordinator's default bound: each agent's delta (and control delta) scaled to at most the median norm
+    of the round's (weights unchanged)."""
 
 
 VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
@@ -108,8 +111,18 @@ EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("scaffold-II-m0.9", True, True, momentum=0.9, lr=0.02),
                Variant("scaffold-II-body-m0.9", True, True, head_corrected=False, momentum=0.9, lr=0.02),
                Variant("fedavg-m0.9-lr0.01", False, True, momentum=0.9, lr=0.01),
-               Variant("scaffold-II-m0.9-lr0.01", True, True, momentum=0.9, lr=0.01))
+               Variant("scaffold-II-m0.9-lr0.01", True, True, momentum=0.9, lr=0.01),
+               Variant("fedavg-m0.9-lr0.01-clip", False, True, momentum=0.9, lr=0.01, clip_median=True),
+               Variant("scaffold-II-m0.9-lr0.01-clip", True, True, momentum=0.9, lr=0.01, clip_median=True))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
+
+
+def clipped_to_median(deltas: list[Arrays], names: list[str]) -> list[Arrays]:
+    """Each of ``deltas`` scaled to at most the median of their L2 norms (over the floating ``names``)."""
+    norms = [sum(float((d[k].double() ** 2).sum()) for k in names if d[k].is_floating_point()) ** 0.5 for d in deltas]
+    bound = float(np.median(norms))
+    return [{k: v * (bound / n) if n > bound and v.is_floating_point() else v for k, v in d.items()}
+            for d, n in zip(deltas, norms, strict=True)]
 
 
 def largest_late_fall(curve: list[float]) -> float:
@@ -146,6 +159,9 @@ class Reference:
                 deltas.append({k: y[k] - x[k] for k in x})
                 control_deltas.append({k: new_control[k] - controls[i][k] for k in names})
                 controls[i] = new_control
+            if variant.clip_median:
+                deltas = clipped_to_median(deltas, list(x))
+                control_deltas = clipped_to_median(control_deltas, names) if variant.corrected else control_deltas
             step = variant.server_lr
             x = {k: x[k] + step * sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) if k in c
                  else x[k] + sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) for k in x}

@@ -146,6 +146,15 @@ def _env(rendered: Rendered, name: str) -> dict[str, Any]:
     return {e["name"]: e for e in container(rendered.get("Deployment", FULLNAME), "coordinator")["env"]}[name]
 
 
+def test_the_notes_put_no_password_on_a_command_line_nor_a_private_key_on_the_state_volume() -> None:
+    """ps and docker inspect show a command line; a bundle holds the device's private key, and the state volume is
+    kept on uninstall and backed up."""
+    for values in ({}, {"mosquitto": {"tls": {"enabled": True, "existingSecret": "broker-tls"}}}):
+        notes = render(values).notes
+        assert "--broker-password" not in notes and "FL_AGENT_BROKER_PASSWORD" in notes
+        assert "--bundle-dir /tmp/bundles" in notes and "/var/lib/edgefl/state/bundles" not in notes
+
+
 def test_defaults_bundle_a_broker_with_the_given_password() -> None:
     rendered = render()  # plus broker.password, which a first install must give
     settings = yaml.safe_load(rendered.get("ConfigMap", FULLNAME)["data"]["coordinator.yaml"])
