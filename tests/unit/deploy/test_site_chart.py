@@ -148,6 +148,29 @@ def test_the_bridge_over_tls_verifies_the_root_with_its_ca() -> None:
     assert ca == {"secretName": "root-ca", "items": [{"key": "ca.pem", "path": "ca.crt"}]}
 
 
+def test_devices_reach_the_site_broker_over_tls_alone_when_it_is_on() -> None:
+    """The device-facing Service carries the TLS port only; the plaintext listener stays for the aggregator on an
+    internal ClusterIP Service; without TLS the notes warn of passwords and updates in clear."""
+    plain = render({**MINIMAL, "mosquitto": {**MINIMAL["mosquitto"], "service": {"type": "LoadBalancer"}}})
+    assert "WARNING: the site broker listens without TLS" in plain.notes
+    assert "WARNING: the bridge to the root broker runs without TLS" in plain.notes
+    rendered = render({**MINIMAL, "mosquitto": {**MINIMAL["mosquitto"], "service": {"type": "LoadBalancer"},
+                                                "tls": {"enabled": True, "existingSecret": "site-tls"}}})
+    assert "listens without TLS" not in rendered.notes and ":8883 (agents connect here, over TLS" in rendered.notes
+    outside = rendered.get("Service", f"{FULLNAME}-mosquitto")["spec"]
+    assert outside["type"] == "LoadBalancer" and [p["port"] for p in outside["ports"]] == [8883]
+    inside = rendered.get("Service", f"{FULLNAME}-mosquitto-internal")["spec"]
+    assert inside["type"] == "ClusterIP" and [p["port"] for p in inside["ports"]] == [1883]
+    conf = conf_lines(rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["mosquitto.conf"])
+    tls = conf.index("listener 8883")
+    assert conf[tls + 1:tls + 4] == ["certfile /mosquitto/tls/tls.crt", "keyfile /mosquitto/tls/tls.key",
+                                     "use_username_as_clientid true"]
+    pod = rendered.get("Deployment", f"{FULLNAME}-mosquitto")["spec"]["template"]["spec"]
+    assert next(v for v in pod["volumes"] if v["name"] == "tls")["secret"]["secretName"] == "site-tls"
+    with pytest.raises(Exception, match="mosquitto.tls.existingSecret is required"):
+        render({**MINIMAL, "mosquitto": {**MINIMAL["mosquitto"], "tls": {"enabled": True}}})
+
+
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=IDS)
 def test_the_acl_is_the_shipped_site_acl(values_file: Path) -> None:
     values = values_of(values_file)
@@ -205,8 +228,12 @@ def test_the_aggregators_command_line_resolves_to_the_sites_settings(
     monkeypatch.setenv("FL_SITE_BROKER_PASSWORD", "from-the-secret")
     settings = load_settings(SiteSettings, tmp_path / "site.yaml", options)
     assert settings.site_id == values["siteId"] and settings.federation == values.get("federation", "default")
-    service = rendered.get("Service", f"{FULLNAME}-mosquitto")["spec"]["ports"][0]
-    assert settings.broker_url == f"mqtt://{FULLNAME}-mosquitto:{service['port']}"
+    # The aggregator takes the plaintext listener inside the cluster: with TLS for devices, on a Service of its own.
+    internal = f"{FULLNAME}-mosquitto-internal" if values["mosquitto"].get("tls", {}).get("enabled") else \
+        f"{FULLNAME}-mosquitto"
+    service = rendered.get("Service", internal)
+    assert service["spec"]["type"] == "ClusterIP"
+    assert settings.broker_url == f"mqtt://{internal}:{service['spec']['ports'][0]['port']}"
     acl_user = re.search(r"^user (\S+)$", rendered.get("ConfigMap", f"{FULLNAME}-mosquitto")["data"]["acl"], re.M)
     assert acl_user is not None and settings.broker_username == acl_user.group(1)
     assert settings.broker_password is not None and "secretKeyRef" in env["FL_SITE_BROKER_PASSWORD"]["valueFrom"]
