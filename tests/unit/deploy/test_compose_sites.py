@@ -53,7 +53,7 @@ def test_the_lab_has_two_sites_each_a_bridged_broker_and_an_aggregator() -> None
         assert served and clients[0] == "site-aggregator" and sorted(clients[1:]) == served
         assert aggregator["command"][0] == "site" and site in enrolled
         assert aggregator["depends_on"][f"{site}-broker"]["condition"] == "service_started"
-        assert aggregator["depends_on"]["enroll"]["condition"] == "service_completed_successfully"
+        assert aggregator["depends_on"]["site-credentials"]["condition"] == "service_completed_successfully"
         assert aggregator["read_only"] and aggregator["cap_drop"] == ["ALL"]
 
 
@@ -72,15 +72,19 @@ def test_each_site_aggregator_resolves_to_its_site(monkeypatch: pytest.MonkeyPat
         assert settings.broker_url == f"mqtt://{site}-broker:1883" and settings.broker_password is not None
         assert [settings.broker_username] == acl_user
         assert settings.max_update_bytes == root.max_update_bytes
-        state_volume, bundle, root_state = service["volumes"]
+        state_volume, bundle = service["volumes"]
         # Its own state on its own volume, where the image's user owns the directory.
         assert state_volume == f"{site}-state:{image_state.parent}" and settings.state_dir.parent == image_state.parent
-        # Its key and the root's public key from its own enrollment bundle; the root's enrolled agents.
+        # Its key, the root's public key and a copy of the root's enrolled agents, all from its own enrollment
+        # bundle: nothing of the root's state folder, where the root's signing key is.
         assert bundle["volume"]["subpath"] == f"enrolled/{site}" and bundle["read_only"]
         assert settings.signing_key_file == Path(bundle["target"]) / "agent_key.pem"
         assert settings.coordinator_key == Path(bundle["target"]) / "coordinator.pub"
-        assert root_state["volume"]["subpath"] == image_state.name and root_state["read_only"]
-        assert settings.enrolled_agents_file == Path(root_state["target"]) / "enrolled.json"
+        assert settings.enrolled_agents_file == Path(bundle["target"]) / "enrolled.json"
+        copy = lab["services"]["site-credentials"]  # the copy comes after enrollment, into each site's bundle
+        (script,) = copy["command"]
+        assert site in script.split("for site in ", 1)[1].split(";", 1)[0].split()
+        assert "/var/lib/edgefl/enrolled/$$site/" in script and "enroll" in copy["depends_on"]
 
 
 def test_site_brokers_are_sized_as_the_root_broker() -> None:
