@@ -365,7 +365,7 @@ def test_the_daemonset_validates_against_the_kubernetes_schema(version: str) -> 
         kubernetes_validate.validate(broken, version, strict=True)
 
 
-def test_the_daemonset_keeps_state_on_the_node_and_reads_credentials_from_a_secret(
+def test_the_daemonset_keeps_state_on_the_node_and_reads_only_its_nodes_password(
         monkeypatch: pytest.MonkeyPatch, coordinator_pub: Path) -> None:
     pod = daemonset()["spec"]["template"]["spec"]
     (container,) = pod["containers"]
@@ -384,10 +384,9 @@ def test_the_daemonset_keeps_state_on_the_node_and_reads_credentials_from_a_secr
     # the state directory is the node's, made beforehand and owned by the pod's user
     assert volumes["state"]["hostPath"]["type"] == "Directory"
     assert str(settings.state_dir) == mounts["state"]["mountPath"] and not mounts["state"].get("readOnly")
-    # credentials: the Secret, read-only, from the folder the script reads the password in
-    assert "secretName" in volumes["broker-credentials"]["secret"] and mounts["broker-credentials"]["readOnly"]
-    assert f'password_file="{mounts["broker-credentials"]["mountPath"]}/${{FL_AGENT_AGENT_ID}}"' in script
-    assert volumes["broker-credentials"]["secret"]["secretName"] in script
+    # the broker password is this node's file in its own state directory: no volume holds every node's
+    assert f'password_file="{mounts["state"]["mountPath"]}/broker_password"' in script
+    assert not any("secret" in v for v in volumes.values())
     assert Path(env["FL_AGENT_COORDINATOR_KEY"]).parent == Path(mounts["coordinator-key"]["mountPath"])
     # locked down, as the image's user
     uid = int(re.findall(r"^USER (\d+):", (DEPLOY / "edge-agent" / "Dockerfile").read_text(), re.MULTILINE)[0])
@@ -404,7 +403,8 @@ def test_the_daemonset_script_stops_without_a_password() -> None:
     result = subprocess.run(["sh", "-c", script], env={"PATH": os.environ["PATH"],
                                                          "FL_AGENT_AGENT_ID": "no-such-node-1f3a"},
                             capture_output=True, text=True, timeout=60, check=False)
-    assert result.returncode == 2 and "add key no-such-node-1f3a to Secret" in result.stderr
+    assert not Path("/var/lib/edgefl-agent/broker_password").exists()  # this machine is no prepared node
+    assert result.returncode == 2 and "no broker password for no-such-node-1f3a: put it in" in result.stderr
 
 
 # ---- docs ---------------------------------------------------------------------------------------
