@@ -212,6 +212,10 @@ class AgentSettings(BrokerSettings):
                 and self.dp_budget_epsilon < self.dp_target_epsilon):
             raise ValueError(f"dp_budget_epsilon {self.dp_budget_epsilon} is below dp_target_epsilon "
                              f"{self.dp_target_epsilon}: the planned rounds would not fit")
+        if self.dp_target_epsilon is not None and self.dp_prototype_noise_multiplier is not None:
+            raise ValueError("dp_target_epsilon calibrates the DP-SGD noise for the training steps alone, and the "
+                             "prototype releases of dp_prototype_noise_multiplier would spend the budget before "
+                             "dp_planned_rounds: with prototypes, set dp_noise_multiplier and dp_budget_epsilon")
         if self.dp_accountant == "gdp" and self.dp_prototype_noise_multiplier is not None:
             raise ValueError("dp_prototype_noise_multiplier needs dp_accountant rdp or prv: gdp cannot compose "
                              "two mechanisms")

@@ -97,7 +97,11 @@ class FedProtoClient(ClientAlgorithm):
         if not aligned.any():
             return None
         z = F.normalize(embeddings, dim=1) if self.params.normalize else embeddings
-        return self.params.lam * F.mse_loss(z[aligned], self.global_prototypes[labels[aligned]])
+        # A mean over the whole batch, each record's term its own: a mean over the aligned records alone would
+        # scale each one's gradient by how many others are aligned, and under DP-SGD one record would then move
+        # the others' clipped gradients (the sensitivity the noise is calibrated to would not hold).
+        per_record = (z - self.global_prototypes[labels]).pow(2).mean(dim=1) * aligned
+        return self.params.lam * per_record.mean()
 
     def payload(self, model: FedModel, train: Dataset, result: TrainResult, plan: LocalTraining) -> dict[str, Any]:
         self._personal = get_arrays(model)
