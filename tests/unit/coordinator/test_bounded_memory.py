@@ -36,21 +36,14 @@ def flood_new_ids(engine: EngineDriver, clock: Clock, **fields: object) -> None:
         engine.on_message(TOPICS.agent_status(f"x{i}"), encode_message(st(f"x{i}", **fields)))
 
 
-def test_direct_set_is_bounded_by_the_registry(tmp_path: Path) -> None:
-    clock = Clock()
-    engine, _, _ = make_engine(tmp_path, clock, max_known_agents=CAP)
-    flood_new_ids(engine, clock)
-    parts = engine.engine.parts
-    assert len(parts.registry) <= CAP
-    assert len(parts.rosters.direct) <= 2 * CAP, f"RosterOrder.direct holds {len(parts.rosters.direct)} ids"
-
-
-def test_fleet_privacy_is_bounded_by_the_registry(tmp_path: Path) -> None:
+def test_what_is_kept_per_agent_beside_the_registry_is_bounded_by_it(tmp_path: Path) -> None:
+    """Fresh ids past the registry's cap: the evicted ones are let go from the direct set and the privacy view."""
     clock = Clock()
     engine, _, _ = make_engine(tmp_path, clock, max_known_agents=CAP)
     flood_new_ids(engine, clock, privacy=PrivacySpent(epsilon=1.0, delta=1e-5))
     parts = engine.engine.parts
     assert len(parts.registry) <= CAP
+    assert len(parts.rosters.direct) <= 2 * CAP, f"RosterOrder.direct holds {len(parts.rosters.direct)} ids"
     assert len(parts.privacy._agents) <= 2 * CAP, f"FleetPrivacy holds {len(parts.privacy._agents)} agents"
 
 
