@@ -130,6 +130,7 @@ def _run_steps(model: FedModel, data: Dataset, shape: RoundShape, optimizer: DPO
             extra = algorithm.extra_loss(model, embeddings, logits, labels)
             (loss if extra is None else loss + extra).backward()
             _check_per_sample(model, algorithm)
+            _drop_non_finite_records(model)
             loss_sum += loss.item() * len(labels)
             if data.num_classes:
                 correct += (logits.argmax(1) == labels).sum().item()
@@ -143,6 +144,19 @@ def _run_steps(model: FedModel, data: Dataset, shape: RoundShape, optimizer: DPO
         algorithm.after_step(model)  # data-independent too (SCAFFOLD's correction)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum / max(seen, 1), correct / max(seen, 1)
+
+
+def _drop_non_finite_records(model: FedModel) -> None:
+    """A record whose per-sample gradient is not finite adds nothing to the step (its rows zeroed). Opacus would clip
+    it by C / inf = 0, and 0 x inf is NaN: one sampled record would make the whole noised step, and the round, NaN.
+    Zeroing depends on that record alone, so the sum's sensitivity stays the clip norm."""
+    samples = [p.grad_sample for p in model.parameters() if p.requires_grad and p.grad_sample is not None]
+    if not samples:
+        return
+    finite = torch.stack([torch.isfinite(s.flatten(1)).all(1) for s in samples]).all(0)
+    if not bool(finite.all()):
+        for s in samples:
+            s[~finite] = 0.0
 
 
 def _secret_generator(device: torch.device) -> torch.Generator:

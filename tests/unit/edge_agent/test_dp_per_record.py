@@ -16,8 +16,9 @@ import torch
 
 import edge_agent.privacy.dp_training as dpt
 from edge_agent.algorithms.base import RoundContext
+from edge_agent.algorithms.fedavg import FedAvgClient
 from edge_agent.algorithms.fedproto import FedProtoClient
-from edge_agent.data.datasets import load_digits
+from edge_agent.data.datasets import Dataset, load_digits
 from edge_agent.models import build_model
 from edge_agent.privacy.dp_training import RoundShape, train_private
 from edge_agent.state import AgentStateDir
@@ -71,3 +72,18 @@ def test_a_records_per_sample_gradient_does_not_depend_on_the_rest_of_the_batch(
     norm = sum(alone[k].pow(2).sum() for k in alone).sqrt().item()
     # With the aligned records' mean, record 0's alignment gradient doubled here (n / A from 1/1 to 2/1).
     assert diff <= 1e-5 * norm, f"record 0's per-sample gradient moved by {diff:.4g} (norm {norm:.4g})"
+
+
+def test_one_overflowing_record_adds_nothing_rather_than_making_the_step_nan() -> None:
+    """Opacus clips a record by C / its norm: an infinite norm gives 0, and 0 x inf is NaN in the noised sum. Whether
+    the round survived would then hang on whether that one record was sampled."""
+    pool, _ = load_digits()
+    sub = pool.subset(np.arange(40), "digits-40")
+    x = sub.x.copy()
+    x[0] = 3e38  # a finite float32 input whose activations and gradient overflow
+    data = Dataset(x, sub.y.copy(), sub.num_classes, "outlier")
+    model = build_model("mlp_tiny", (1, 8, 8), 10, seed=0)
+    shape = RoundShape(1.0, 1)  # every record in the batch
+    train_private(model, data, LocalTraining(epochs=1, learning_rate=0.1), shape, shape.charge(1.0), 1.0, CPU,
+                  FedAvgClient({}, None, RoundContext("run1", 1, "mlp_tiny", CPU)))  # type: ignore[arg-type]
+    assert all(torch.isfinite(p).all() for p in model.parameters()), "one record made the privatised step NaN"
