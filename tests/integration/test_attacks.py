@@ -198,6 +198,13 @@ def forge_updates(attacker: Attacker, announcement: RoundAnnouncement) -> None:
         attacker.both(TOPICS.update(agent_id, announcement.round), update)
 
 
+def dropped(recorder: WireRecorder, agent_id: str) -> int:
+    """The most messages ``agent_id``'s statuses on the wire say it dropped (-1 before any status)."""
+    statuses = [decode_wire(m.payload, AgentStatus) for m in recorder.snapshot(
+        lambda s: s.topic == TOPICS.agent_status(agent_id) and bool(s.payload))]
+    return max((s.rejected for s in statuses), default=-1)
+
+
 @pytest.mark.parametrize("setting_of", [open_broker, secured_broker], ids=["open-broker", "secured-broker"])
 def test_forgeries_are_dropped_counted_and_change_nothing(tmp_path: Path, setting_of: object) -> None:
     with setting_of(tmp_path) as setting:  # type: ignore[operator]
@@ -228,6 +235,9 @@ def test_forgeries_are_dropped_counted_and_change_nothing(tmp_path: Path, settin
                                               reason="unknown_signer") >= 2, 60, "both forged updates judged")
                 samples = scrape(port)
                 assert_agents_exit_cleanly(fleet, 60)  # their last statuses carry what they dropped
+                if not setting.secured:  # wait for the recorder to hear them, rather than race its close
+                    wait_until(lambda: all(dropped(recorder, a.name) >= 3 for a in AGENTS), 60,
+                               "each agent's last status, with the forgeries it dropped")
         finally:
             attacker.close()
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
@@ -240,9 +250,7 @@ def test_forgeries_are_dropped_counted_and_change_nothing(tmp_path: Path, settin
     def rejected(kind: str, reason: str) -> float:
         return metric(samples, "fl_messages_rejected_total", kind=kind, reason=reason)
 
-    statuses = [decode_wire(m.payload, AgentStatus) for m in recorder.snapshot(
-        lambda s: "/agents/" in s.topic and bool(s.payload))]
-    dropped_by_agents = {a.name: max(s.rejected for s in statuses if s.agent_id == a.name) for a in AGENTS}
+    dropped_by_agents = {a.name: dropped(recorder, a.name) for a in AGENTS}
     updates = [decode_wire(m.payload, Update) for m in recorder.snapshot(
         lambda s: "/updates/" in s.topic and bool(s.payload))]
     if setting.secured:
