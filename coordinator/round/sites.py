@@ -60,9 +60,9 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         if problem is not None:
             refuse(parts, run, site, problem)
             return
+    # A training round's accepted agents, every one of weight 0, and no sums: they answered, with nothing to fold.
     weightless = run.open.announcement.task == "train" and not (partial.count or partial.proposal or partial.secure
                                                                  or session is not None)
-    """A training round's accepted agents, every one of weight 0, and no sums: they answered, with nothing to fold."""
     open_round, m = run.open, parts.metrics
     open_round.partials.add((site, partial.family))
     open_round.bytes_in += inbound.size

@@ -153,7 +153,9 @@ def _drop_non_finite_records(model: FedModel) -> None:
     samples = [p.grad_sample for p in model.parameters() if p.requires_grad and p.grad_sample is not None]
     if not samples:
         return
-    finite = torch.stack([torch.isfinite(s.flatten(1)).all(1) for s in samples]).all(0)
+    # One reduction per array, not a boolean copy of every per-sample gradient: a sum is finite only if each value
+    # is (one that overflows only for a huge record, whose norm would overflow too, and which adds nothing anyway).
+    finite = torch.stack([torch.isfinite(s.flatten(1).sum(1)) for s in samples]).all(0)
     if not bool(finite.all()):
         for s in samples:
             s[~finite] = 0.0
