@@ -54,6 +54,9 @@ class RejectReason(str, Enum):
     """A plain training update in a securely aggregated round: only masked inputs count there."""
     SECAGG_REFUSED = "secagg_refused"
     """A secure-aggregation stage message out of turn (late, early, repeated, malformed; ``SecAggRefused``)."""
+    SITE_UNSUPPORTED = "site_unsupported"
+    """A plain update of an algorithm a site aggregator does not fold (FedProto's prototypes): refused at the site,
+    so the root reads why in the site's partial."""
     BAD_SHAPE = "bad_shape"
     """Same label as the protocol's shape check: payload arrays whose layout the round cannot use
     (outvoted in a bootstrap round, prototypes or control variates of the wrong shape)."""

@@ -353,7 +353,7 @@ def demo(
                                                  "(delta 1e-5) after --rounds; budgets are kept per agent"),
     sites: int = typer.Option(0, "--sites", min=0, max=20, help=(
         "deal the agents to this many sites: a Mosquitto each, bridged to a root Mosquitto, and a site aggregator "
-        "each (fedavg or fedprox, mean)")),
+        "each (fedavg, fedprox or scaffold, mean)")),
     secure: bool = typer.Option(False, "--secure", help=(
         "secure aggregation (SecAgg+): the coordinator learns only each round's sum (behind --sites, each site "
         "serves its own agents' sessions and sends up their sum); needs the mean")),
@@ -368,8 +368,8 @@ def demo(
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
     if secure and aggregator != AggregatorKind.mean:
         raise typer.BadParameter("secure aggregation releases only sums: it needs --aggregator mean", param_hint="--secure")
-    if sites and (algorithm.value not in ("fedavg", "fedprox") or aggregator != AggregatorKind.mean):
-        raise typer.BadParameter("site aggregators fold fedavg or fedprox under the mean", param_hint="--sites")
+    if sites and (algorithm.value not in ("fedavg", "fedprox", "scaffold") or aggregator != AggregatorKind.mean):
+        raise typer.BadParameter("site aggregators fold fedavg, fedprox or scaffold under the mean", param_hint="--sites")
     try:
         parse_delay(stragglers, "cpu")
     except ValueError as exc:

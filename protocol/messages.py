@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer, model_validator
 from pydantic_core import PydanticCustomError
 
 from protocol.agent_status import AgentStatus, PrivacySpent  # noqa: F401  (re-exported: their historical home)
@@ -128,6 +128,18 @@ class RoundAnnouncement(Message):
     """The most samples an update counts for at the root, for an agent without an enrolled cap (a multiple of
     the median claim of the round's selected agents); None: no such cap. A site aggregator caps its agents at
     no more, since the root cannot re-weigh a site's sum."""
+    control_layouts: dict[Identifier, Digest] = Field(default_factory=dict, max_length=64)
+    """SCAFFOLD: the layout fingerprint of each family's server control variate (its parameters), for families
+    with a state. A site aggregator, which holds no state, checks agents' control deltas against it. Omitted
+    when empty."""
+
+    @model_serializer(mode="wrap")
+    def _without_empty_control_layouts(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """Off the wire unless SCAFFOLD sets it: other algorithms' announcements are byte for byte as before."""
+        out = handler(self)
+        if not self.control_layouts:
+            out.pop("control_layouts", None)
+        return out
 
     @model_validator(mode="after")
     def _refs_match_families(self) -> RoundAnnouncement:
@@ -136,6 +148,8 @@ class RoundAnnouncement(Message):
                 raise PydanticCustomError("schema", "state ref for {f} names {g}", {"f": family, "g": ref.family})
         if len(set(self.selected)) != len(self.selected):
             raise PydanticCustomError("schema", "selected agents repeat")
+        if not self.control_layouts.keys() <= self.states.keys():
+            raise PydanticCustomError("schema", "control layouts of families without a state")
         return self
 
 

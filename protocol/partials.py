@@ -77,6 +77,12 @@ class PartialAggregate(Message):
     outcomes: dict[Identifier, AgentOutcome] = Field(max_length=MAX_AGENTS_PER_ROUND)
     bytes_in: NonNegativeInt = 0
     """Bytes of updates the site received for it (what did not cross the bridge)."""
+    control_sums: Arrays = Field(default_factory=dict, max_length=4096)
+    """SCAFFOLD: per parameter, the sum over accepted agents of weight x control delta (float64), beside ``sums``.
+    Omitted when empty."""
+    proposal_control: Arrays = Field(default_factory=dict, max_length=4096)
+    """SCAFFOLD's bootstrap round: the control delta the agreed proposers sent with ``proposal``, byte for byte.
+    Omitted when empty."""
     ring_sum: Array | None = None
     """A secure partial (the round's ``SecureSetup.sites`` gave the site sessions): the unmasked ring sum of the site's
     SecAgg+ session of this family (uint32, n_params), which the root reads back as it reads its own sessions' sums.
@@ -88,10 +94,14 @@ class PartialAggregate(Message):
         return self.ring_sum is not None
 
     @model_serializer(mode="wrap")
-    def _without_ring_sum(self, handler: SerializerFunctionWrapHandler) -> dict:
+    def _without_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
+        """Fields a plain FedAvg partial does not use stay off the wire (its bytes are as before they existed)."""
         out = handler(self)
         if self.ring_sum is None:
             out.pop("ring_sum", None)
+        for name in ("control_sums", "proposal_control"):
+            if not getattr(self, name):
+                out.pop(name, None)
         return out
 
     @model_validator(mode="after")
@@ -99,7 +109,8 @@ class PartialAggregate(Message):
         accepted = [o for o in self.outcomes.values() if o.outcome == "accepted"]
         if self.ring_sum is not None:
             if (self.ring_sum.dtype.str != "<u4" or self.ring_sum.ndim != 1 or any(o.weight for o in accepted)
-                    or self.count != len(accepted) or self.sums or self.integers or self.proposal):
+                    or self.count != len(accepted) or self.sums or self.integers or self.proposal
+                    or self.control_sums or self.proposal_control):
                 raise PydanticCustomError("schema", "a secure partial carries a uint32 ring sum only, and counts every "
                                                     "accepted agent, each without a weight")
             return self
@@ -110,10 +121,17 @@ class PartialAggregate(Message):
         if not math.isclose(weights, self.total_weight, rel_tol=1e-9, abs_tol=1e-12):
             raise PydanticCustomError("schema", "total_weight {t} is not the accepted outcomes' {w}",
                                       {"t": self.total_weight, "w": weights})
+        if self.proposal_control and not self.proposal:
+            raise PydanticCustomError("schema", "proposal_control travels with a proposal")
         if self.proposal:
-            if self.sums or self.integers or self.heaviest is not None or self.base_digest is not None:
+            if self.sums or self.integers or self.control_sums or self.heaviest is not None or \
+                    self.base_digest is not None:
                 raise PydanticCustomError("schema", "a bootstrap proposal travels without sums or a base")
             return self
+        if self.control_sums and not self.sums:
+            raise PydanticCustomError("schema", "control_sums travel beside sums")
+        if any(a.dtype.str != "<f8" for a in self.control_sums.values()):
+            raise PydanticCustomError("schema", "control sums are float64")
         if (self.count == 0) != (not self.sums):
             raise PydanticCustomError("schema", "sums travel with a positive count, and only with one")
         if any(a.dtype.str != "<f8" for a in self.sums.values()):

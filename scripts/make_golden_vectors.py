@@ -315,6 +315,9 @@ def _partial(v: Vectors, base_digest: str, delta: dict[str, np.ndarray]) -> None
                               "A site's partial aggregate of round 3: float64 sums of weight x delta over two agents "
                               "(the mean is sums / total_weight), the heaviest agent's int64 counter, every "
                               "selected agent's outcome.")
+    control = {n: s * np.asarray(-0.25, s.dtype) for n, s in sums.items()}
+    v.message("partial_scaffold", partial.model_copy(update={"control_sums": control}), TOPICS.partial(SITE, 3),
+              False, "partial.msgpack in a SCAFFOLD round: control_sums (float64 weight x control delta) beside sums.")
     site_key = SigningKey(Ed25519PrivateKey.from_private_bytes(SITE_SEED))
     v.message("partial_signed", site_key.seal(partial_bytes), TOPICS.partial(SITE, 3), False,
               "partial.msgpack in a Signed envelope made with the test site key (enrolled at the root like an agent).",

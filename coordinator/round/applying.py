@@ -16,7 +16,7 @@ from coordinator.admission.intake import Refused, UpdateIn
 from coordinator.admission.view import AdmissionView
 from coordinator.aggregation.running_mean import l2_norm, with_norm
 from coordinator.reasons import RejectReason
-from coordinator.round.norm_clip import clipped
+from coordinator.round.norm_clip import clipped, control_key
 from coordinator.round.notifying import notify, watch_duplicates
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
@@ -136,7 +136,7 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
     run.open.updates[update.agent_id] = update  # answered; replaced by what the strategy keeps once folded
     if accept.norm is not None and update.control_delta:  # SCAFFOLD: control deltas get a median of their own
         update = update.model_copy(update={"control_delta": with_norm(update.control_delta)})  # taken once
-        run.norm_gate.norms.observe(_control(update.family), l2_norm(update.control_delta))
+        run.norm_gate.norms.observe(control_key(update.family), l2_norm(update.control_delta))
     if accept.norm is None:
         _fold(parts, run, update, accept.weight)
     else:  # deltas are clipped against the round's median norm, once there is one
@@ -166,19 +166,13 @@ def _fold(parts: EngineParts, run: RunState, update: Update, weight: float, boun
     assert run.open is not None
     if bound is not None:
         delta, was_clipped = clipped(update.delta, l2_norm(update.delta), bound)
-        control_bound = run.norm_gate.norms.bound(_control(update.family)) if update.control_delta else None
+        control_bound = run.norm_gate.norms.bound(control_key(update.family)) if update.control_delta else None
         control, control_clipped = clipped(update.control_delta, l2_norm(update.control_delta), control_bound)
         if was_clipped or control_clipped:
             update = update.model_copy(update={"delta": delta, "control_delta": control})
             run.open.clipped_norms.append(update.agent_id)
             parts.metrics.updates_clipped.labels("norm").inc()
     run.open.updates[update.agent_id] = parts.strategy.accumulate(update, weight)
-
-
-def _control(family: str) -> str:
-    """The norm gate's key for a family's SCAFFOLD control deltas: the server's variate moves by their mean, so one
-    device's must not be unbounded (it would steer every agent's correction)."""
-    return f"{family}/control"
 
 
 def release_held(parts: EngineParts, run: RunState) -> None:

@@ -94,6 +94,12 @@ class RoundNorms:
                                    if len(median) >= HOLD}}
 
 
+def control_key(family: str) -> str:
+    """The norms' key for a family's SCAFFOLD control deltas: the server's variate moves by their mean, so one
+    device's must not be unbounded (it would steer every agent's correction)."""
+    return f"{family}/control"
+
+
 def clipped(delta: Mapping[str, np.ndarray], norm: float, bound: float | None) -> tuple[dict[str, np.ndarray], bool]:
     """``delta`` scaled to at most ``bound`` (float arrays only; integer buffers are not averaged anyway)."""
     if bound is None or norm <= bound or not math.isfinite(norm) or norm == 0:

@@ -8,6 +8,7 @@ import statistics
 import time
 
 from coordinator.admission.decisions import Reject
+from coordinator.admission.task_agreement import fingerprint_of
 from coordinator.admission.view import median_cap
 from coordinator.fleet.agents import AgentRecord
 from coordinator.fleet.selection import plan_selection
@@ -117,6 +118,8 @@ def announce(parts: EngineParts, run: RunState, number: int, task: str, selected
         states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in parts.strategy.states.items()},
         init_seed=s.init_seed, issued_at=parts.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
         compression=s.compression if task == "train" else "none", epoch=run.epoch,
+        control_layouts={f: fingerprint_of(st.control) for f, st in parts.strategy.states.items()
+                         if st.control},
     )
 
 

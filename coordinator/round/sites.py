@@ -22,12 +22,13 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.running_mean import RunningMean, l2_norm, layout_key
 from coordinator.reasons import RejectReason
 from coordinator.round import applying
-from coordinator.round.norm_clip import RoundNorms
+from coordinator.round.norm_clip import RoundNorms, control_key
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
 from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
 from protocol.errors import Reason
-from protocol.messages import TrainMetrics, Update
+from protocol.fields import TaskRef
+from protocol.messages import Task, TrainMetrics, Update
 from protocol.partials import PartialAggregate
 
 log = logging.getLogger("coordinator.round.engine")
@@ -60,6 +61,11 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         if problem is not None:
             refuse(parts, run, site, problem)
             return
+    elif partial.proposal:  # what the strategy asks of a bootstrap (SCAFFOLD: a control delta named as parameters)
+        problem = parts.strategy.check_update(_proposal(partial))
+        if problem is not None:
+            refuse(parts, run, site, Reject(RejectReason.BAD_PARTIAL, f"its proposal: {problem.detail}"))
+            return
     # A training round's accepted agents, every one of weight 0, and no sums: they answered, with nothing to fold.
     weightless = run.open.announcement.task == "train" and not (partial.count or partial.proposal or partial.secure
                                                                  or session is not None)
@@ -71,9 +77,7 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
     counts["bytes"] += partial.bytes_in  # the updates the site took in, which stayed there
     counts["bytes_up"] += inbound.size  # what crossed its bridge instead
     # What the round keeps of each accepted agent: no arrays (folded), but a bootstrap's agreed proposal, shared.
-    base = Update.model_construct(run_id=partial.run_id, round=partial.round, task=open_round.announcement.task,
-                                  task_ref=open_round.announcement.task_ref, family=partial.family,
-                                  base_digest=partial.base_digest, weights=dict(partial.proposal))
+    base = _proposal(partial, open_round.announcement.task, open_round.announcement.task_ref)
     for agent_id, outcome in partial.outcomes.items():
         if outcome.outcome == "accepted" and weightless:
             open_round.settled.add(agent_id)
@@ -104,6 +108,13 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
              sum(o.outcome == "straggler" for o in partial.outcomes.values()))
 
 
+def _proposal(partial: PartialAggregate, task: Task = "train", task_ref: TaskRef | None = None) -> Update:
+    """An update carrying the partial's bootstrap proposal (empty outside a bootstrap), unvalidated."""
+    return Update.model_construct(run_id=partial.run_id, round=partial.round, task=task, task_ref=task_ref,
+                                  family=partial.family, base_digest=partial.base_digest, weights=dict(partial.proposal),
+                                  control_delta=dict(partial.proposal_control))
+
+
 def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members: set[str]) -> Reject | None:
     """The partial's sums into the round's folded means; why they cannot be, or None."""
     state = parts.strategy.states.get(partial.family)
@@ -120,23 +131,38 @@ def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members:
             if expected is None or array.shape != expected.shape or array.dtype != expected.dtype:
                 return Reject(RejectReason.BAD_PARTIAL, f"integer array {name} is {array.dtype.str}{list(array.shape)}, "
                                                         f"not the {partial.family} layout's")
-        mean = RunningMean.of_sums(layout_key(state.weights), partial.sums, partial.integers, partial.total_weight,
-                                   partial.count, (heaviest, partial.heaviest or ""))
+        heaviest_of = (heaviest, partial.heaviest or "")
+        means = {"delta": RunningMean.of_sums(layout_key(state.weights), partial.sums, partial.integers,
+                                              partial.total_weight, partial.count, heaviest_of)}
+        if state.control or partial.control_sums:  # SCAFFOLD's: laid out as the server variate, or refused
+            if {n: a.shape for n, a in partial.control_sums.items()} != {n: a.shape for n, a in state.control.items()}:
+                return Reject(RejectReason.BAD_PARTIAL, f"control sums do not match the {partial.family} control "
+                                                        f"variate's layout")
+            means["control_delta"] = RunningMean.of_sums(layout_key(state.control), partial.control_sums, {},
+                                                         partial.total_weight, partial.count, heaviest_of)
     except AggregationError as exc:
         return Reject(RejectReason.BAD_PARTIAL, exc.detail)
-    if any(not np.isfinite(s).all() for s in mean.sums.values()):
+    if any(not np.isfinite(s).all() for mean in means.values() for s in mean.sums.values()):
         return Reject(RejectReason.BAD_PARTIAL, "sums are not finite")
-    limit = mean_norm_limit(run.norm_gate.norms, partial.family)
-    size = l2_norm(mean.sums) / partial.total_weight
-    if limit is not None and size > limit:  # the site's mean counts like one delta clipped here
-        mean.sums = {name: s * (limit / size) for name, s in mean.sums.items()}
-        assert run.open is not None
-        run.open.clipped_norms.append(partial.site_id)
-        log.info("round %d: site %s's %s mean delta clipped from norm %.4g to %.4g", partial.round, partial.site_id,
-                 partial.family, size, limit)
-    if not parts.strategy.accumulate_sums(partial.family, mean, members):
+    for field_name, key in (("delta", partial.family), ("control_delta", control_key(partial.family))):
+        if field_name in means:  # the site's mean counts like one delta (one control delta) clipped here
+            _bound(run, partial, field_name, means[field_name], mean_norm_limit(run.norm_gate.norms, key))
+    if not parts.strategy.accumulate_sums(partial.family, means, members):
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
     return None
+
+
+def _bound(run: RunState, partial: PartialAggregate, field_name: str, mean: RunningMean, limit: float | None) -> None:
+    """``mean``'s sums scaled so its mean is at most ``limit`` long (the site named in ``clipped_norms``)."""
+    size = l2_norm(mean.sums) / partial.total_weight
+    if limit is None or size <= limit:
+        return
+    mean.sums = {name: s * (limit / size) for name, s in mean.sums.items()}
+    assert run.open is not None
+    if partial.site_id not in run.open.clipped_norms:
+        run.open.clipped_norms.append(partial.site_id)
+    log.info("round %d: site %s's %s mean %s clipped from norm %.4g to %.4g", partial.round, partial.site_id,
+             partial.family, field_name, size, limit)
 
 
 def mean_norm_limit(norms: RoundNorms, family: str) -> float | None:

@@ -23,10 +23,12 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from coordinator.admission.decisions import Accept, Forget, Observe, Reject
 from coordinator.admission.intake import Intake, Refused, StatusCleared, StatusIn, UpdateIn
 from coordinator.admission.statuses import admit_status
-from coordinator.admission.task_agreement import TaskAgreement
+from coordinator.admission.task_agreement import TaskAgreement, fingerprint_of
 from coordinator.admission.updates import admit_update
 from coordinator.admission.view import AdmissionView
 from coordinator.aggregation.aggregator import build_aggregator
@@ -43,6 +45,7 @@ from coordinator.sites.settings import SiteSettings
 from coordinator.state.applied import AppliedVersions
 from coordinator.state.rounds import OpenRound
 from coordinator.state.versions import VersionLog
+from coordinator.strategies.scaffold import check_control_names
 from coordinator.telemetry.heterogeneity import LabelSkew
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from coordinator.telemetry.rejects import RejectLog
@@ -63,6 +66,9 @@ log = logging.getLogger(__name__)
 ANNOUNCEMENT_LIMITS = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
 RESYNC_LIMITS = DecodeLimits(max_payload_bytes=4 * 1024 * 1024, max_array_elements=1, max_total_elements=1)
 Outgoing = list[tuple[str, bytes]]
+FOLDED = ("fedavg", "fedprox", "scaffold")
+"""The algorithms whose plain updates a site folds (not FedProto's prototypes: its agents' updates are refused,
+``site_unsupported``, and the root counts them rejected)."""
 SETTLE_S = 1.0
 """After a (re)connect, the round closes only at its deadline for this long: the broker is replaying the retained
 statuses, and a round whose known agents all answered may still have agents whose status is on its way."""
@@ -78,14 +84,33 @@ class SitePayloads:
 
     def check_update(self, update: Update) -> Reject | None:
         assert self.announcement is not None
+        if self.announcement.algorithm not in FOLDED and update.task == "train":
+            return Reject(RejectReason.SITE_UNSUPPORTED, f"a site aggregator does not fold "
+                                                         f"{self.announcement.algorithm}'s plain updates")
         ref = self.announcement.states.get(update.family)
         if ref is None:
-            return None if update.weights else Reject(RejectReason.MISSING_PAYLOAD,
-                                                      f"family {update.family} bootstraps: send weights")
+            if not update.weights:
+                return Reject(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
+            return self._check_control(update, update.weights)
         if update.base_digest != ref.digest:
             return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {ref.digest}")
         if not update.delta:
             return Reject(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
+        return self._check_control(update, update.delta)
+
+    def _check_control(self, update: Update, model: dict[str, np.ndarray]) -> Reject | None:
+        """SCAFFOLD's control delta: present, and laid out as the announced server variate (a bootstrap's, named
+        and shaped like parameters of the weights it sent; the root's majority settles which)."""
+        assert self.announcement is not None
+        if self.announcement.algorithm != "scaffold" or update.task != "train":
+            return None
+        if not update.control_delta:
+            return Reject(RejectReason.MISSING_PAYLOAD, "a scaffold update must carry a control_delta")
+        expected = self.announcement.control_layouts.get(update.family)
+        if update.family not in self.announcement.states:
+            return check_control_names(update.control_delta, model, "control_delta")
+        if expected is None or fingerprint_of(update.control_delta) != expected:
+            return Reject(RejectReason.BAD_SHAPE, f"control_delta's layout is not the announced {expected}")
         return None
 
     def check_delta(self, update: Update) -> Reject | None:
@@ -226,6 +251,10 @@ class SiteEngine:
         if held is not None:  # the round's secure sessions of this site's agents are served here (secure.py)
             self.round.secure = SiteSecureRound(announcement, held, self.topics, now, age, deadline)
         self.next_round = announcement.round
+        if announcement.algorithm not in FOLDED and announcement.task == "train" and held is None:
+            log.warning("site %s: round %d runs %s, whose updates a site aggregator does not fold: its agents' "
+                        "updates are refused (site_unsupported); connect them to the root's broker instead",
+                        self.settings.site_id, announcement.round, announcement.algorithm)
         log.info("site %s: round %d open, %d of its agents selected, closing in %.1fs", self.settings.site_id,
                  announcement.round, len(self._mine()), deadline - now)
         self._release(lambda inbound: not self._waiting(inbound.update))

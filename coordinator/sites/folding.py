@@ -6,7 +6,9 @@ the family this round). Under a robust rule (``aggregator`` median, trimmed_mean
 keeps its accepted deltas instead and applies the rule to them at the close; its partial then carries
 the rule's result times the number of agents it counted, and that number as its weight (each counted
 agent weighs 1: robust rules ignore claimed sample counts, which a Byzantine agent could inflate), so
-the root's mean across sites is the agent-weighted mean of the sites' robust results. A site with too
+the root's mean across sites is the agent-weighted mean of the sites' robust results. SCAFFOLD's control
+deltas go the same way beside the deltas (``controls``; clipped against the median of their own norms, as at
+the root; under a rule, the rule over them too) and up as ``control_sums``. A site with too
 few updates for its rule (``byzantine_f``) counts none of them (``site_too_few``), rather than averaging
 a possible attacker in. Bootstrap proposals are grouped by digest, and the one a strict majority of
 the site's proposers sent alike goes up, as the root would have agreed on it. At the close every
@@ -23,7 +25,7 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.aggregator import Aggregator
 from coordinator.aggregation.running_mean import RunningMean, l2_norm
 from coordinator.reasons import RejectReason
-from coordinator.round.norm_clip import NormGate, RoundNorms, clipped
+from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.state.rounds import OpenRound
 from protocol.digest import digest_arrays
@@ -38,16 +40,18 @@ class SiteRound:
     clip_norm: float | None
     norm_gate: NormGate[tuple[Update, float]]
     means: dict[str, RunningMean] = field(default_factory=dict)
-    proposals: dict[str, dict[str, tuple[dict[str, np.ndarray], list[str]]]] = field(default_factory=dict)
-    """family -> proposal digest -> (the weights, the agents that sent them)."""
+    controls: dict[str, RunningMean] = field(default_factory=dict)
+    """SCAFFOLD: family -> the control deltas' running mean, folded with the same shares as ``means``."""
+    proposals: dict[str, dict[str, tuple[Update, list[str]]]] = field(default_factory=dict)
+    """family -> proposal digest -> (the first update that sent it, the agents that sent it)."""
     outcomes: dict[str, AgentOutcome] = field(default_factory=dict)
     bytes_in: int = 0
     rule: Aggregator | None = None
     """A robust rule applied at the close to ``kept``; None: deltas fold into ``means`` as they come."""
     rule_failure: str | None = None
     """Why the rule could not run at the close (too few updates for ``byzantine_f``), for the log."""
-    kept: dict[str, list[tuple[str, dict[str, np.ndarray]]]] = field(default_factory=dict)
-    """Under ``rule``: family -> (agent, its delta after the norm gate), for the close."""
+    kept: dict[str, list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]] = field(default_factory=dict)
+    """Under ``rule``: family -> (agent, its delta and control delta after the norm gate), for the close."""
     secure: SiteSecureRound | None = None
     """The round's secure sessions of this site's agents (``secure.py``), when the announcement gives it some."""
 
@@ -66,11 +70,13 @@ class SiteRound:
             outcome="accepted", samples=samples, weight=share, eval_accuracy=m.eval_accuracy, eval_loss=m.eval_loss,
             num_eval_samples=m.num_eval_samples)
         self.open.updates[update.agent_id] = update.model_copy(update={"delta": {}, "weights": {}})
-        if update.weights:
-            digest = digest_arrays([("weights", update.weights)])
+        if update.weights:  # SCAFFOLD's proposers agree on their control delta too, as at the root
+            digest = digest_arrays([("weights", update.weights), ("control_delta", update.control_delta)])
             votes = self.proposals.setdefault(update.family, {})
-            votes.setdefault(digest, (dict(update.weights), []))[1].append(update.agent_id)
+            votes.setdefault(digest, (update, []))[1].append(update.agent_id)
         elif update.delta:
+            if update.control_delta and norm is not None:
+                self.norm_gate.norms.observe(control_key(update.family), l2_norm(update.control_delta))
             if norm is None:
                 self._fold(update, share, None)
                 return
@@ -83,14 +89,17 @@ class SiteRound:
             self.outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=reason)
 
     def _fold(self, update: Update, share: float, bound: float | None) -> None:
-        delta = update.delta
+        delta, control = update.delta, update.control_delta
         if bound is not None:
             delta, _ = clipped(delta, l2_norm(delta), bound)
+            control, _ = clipped(control, l2_norm(control), self.norm_gate.norms.bound(control_key(update.family)))
         if self.rule is not None:
             if share > 0:
-                self.kept.setdefault(update.family, []).append((update.agent_id, delta))
+                self.kept.setdefault(update.family, []).append((update.agent_id, delta, control))
             return
         self.means.setdefault(update.family, RunningMean(self.clip_norm)).add(delta, share, update.agent_id)
+        if control:  # unclipped by clip_norm, which bounds model deltas (as at the root: FOLD_RULES)
+            self.controls.setdefault(update.family, RunningMean(None)).add(control, share, update.agent_id)
 
     def _robust(self, family: str, outcomes: dict[str, AgentOutcome]) -> dict:
         """The rule over the family's kept deltas, as partial fields (sums = count x result); on too few updates,
@@ -99,16 +108,19 @@ class SiteRound:
         kept = sorted(self.kept.get(family, []), key=lambda item: item[0])
         if not kept:
             return {}
+        controls = [control for _, _, control in kept]
         try:
-            result = self.rule([delta for _, delta in kept], [1.0] * len(kept))
+            result = self.rule([delta for _, delta, _ in kept], [1.0] * len(kept))
+            control = self.rule(controls, [1.0] * len(kept)) if all(controls) else {}
         except AggregationError as exc:
-            for agent_id, _ in kept:
+            for agent_id, _, _ in kept:
                 outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.SITE_TOO_FEW.value)
             self.rule_failure = f"{family}: {exc}"
             return {}
         n = float(len(kept))
         return {"sums": {k: n * v.astype("<f8") for k, v in result.items() if v.dtype.kind == "f"},
-                "integers": {k: v for k, v in result.items() if v.dtype.kind != "f"}, "heaviest": kept[0][0]}
+                "integers": {k: v for k, v in result.items() if v.dtype.kind != "f"}, "heaviest": kept[0][0],
+                "control_sums": {k: n * v.astype("<f8") for k, v in control.items()}}
 
     def partials(self, run_id: str, site_id: str, families: dict[str, str]) -> list[PartialAggregate]:
         """The close: one partial per family of the site's selected agents (``families``: agent -> family)."""
@@ -124,13 +136,18 @@ class SiteRound:
             ref = announcement.states.get(family)
             fields: dict = {"base_digest": ref.digest if ref is not None else None}
             if ref is None and announcement.task == "train":
-                fields["proposal"] = self._agreed(family, outcomes)
+                agreed = self._agreed(family, outcomes)
+                if agreed is not None:
+                    fields.update(proposal=dict(agreed.weights), proposal_control=dict(agreed.control_delta))
             mean = self.means.get(family)
             if ref is not None and self.rule is not None:
                 fields.update(self._robust(family, outcomes))
             elif ref is not None and mean is not None and mean.count:
                 assert mean.heaviest is not None
                 fields.update(sums=dict(mean.sums), integers=dict(mean.others), heaviest=mean.heaviest[1])
+                control = self.controls.get(family)
+                if control is not None:
+                    fields["control_sums"] = dict(control.sums)
             accepted = [o for o in outcomes.values() if o.outcome == "accepted"]
             out.append(PartialAggregate(
                 run_id=run_id, epoch=announcement.epoch, site_id=site_id, round=announcement.round, family=family,
@@ -138,16 +155,16 @@ class SiteRound:
                 outcomes=outcomes, bytes_in=self.bytes_in, **fields))
         return out
 
-    def _agreed(self, family: str, outcomes: dict[str, AgentOutcome]) -> dict[str, np.ndarray]:
-        """The proposal a strict majority of the site's proposers of ``family`` sent; the others are rejected
-        (``outcomes`` changed in place); nothing when no proposal has a majority."""
+    def _agreed(self, family: str, outcomes: dict[str, AgentOutcome]) -> Update | None:
+        """An update of the proposal a strict majority of the site's proposers of ``family`` sent; the others are
+        rejected (``outcomes`` changed in place); None when no proposal has a majority."""
         votes = self.proposals.get(family, {})
         voters = sum(len(agents) for _, agents in votes.values())
         best = max(votes.values(), key=lambda v: len(v[1]), default=None)
         agreed = best is not None and 2 * len(best[1]) > voters
-        for weights, agents in votes.values():
-            if agreed and weights is best[0]:  # type: ignore[index]
+        for proposer, agents in votes.values():
+            if agreed and proposer is best[0]:  # type: ignore[index]
                 continue
             for agent_id in agents:
                 outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.BOOTSTRAP_DISAGREES.value)
-        return best[0] if agreed and best is not None else {}
+        return best[0] if agreed and best is not None else None

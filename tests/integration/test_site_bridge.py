@@ -1,6 +1,6 @@
 """A root coordinator on one Mosquitto, a site broker bridged to it, one site aggregator and two agents at the site:
 agents' updates and statuses stay on the site broker, the site's roster and partial aggregates cross the bridge,
-and rounds complete."""
+and rounds complete: under FedAvg, and under SCAFFOLD, whose control deltas the site sums beside the deltas."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 
 from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
+from protocol.messages import GlobalState
 from protocol.partials import PartialAggregate
 from protocol.site_rosters import SiteRoster
 from protocol.topics import Topics
@@ -23,14 +24,15 @@ FEDERATION = "sites"
 ROUNDS = 2
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
 def test_two_rounds_through_a_site_aggregator_behind_a_bridge(tmp_path: Path, mosquitto: MosquittoBroker,
-                                                              recorder: WireRecorder) -> None:
+                                                              recorder: WireRecorder, algorithm: str) -> None:
     site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
                                   settings=bridge_settings(mosquitto, FEDERATION)).start()
     agents = [AgentSpec("rpi-1", "rpi", 0), AgentSpec("rpi-2", "rpi", 1)]
     fleet = Fleet(tmp_path / "run", site_broker.url, FleetSpec(agents=agents, alpha=1.0), {
         "broker_url": mosquitto.url, "rounds": ROUNDS, "min_available_agents": 2, "min_fit_agents": 2,
-        "local_epochs": 1, "round_deadline_s": 120}, federation=FEDERATION)
+        "local_epochs": 1, "round_deadline_s": 120, "algorithm": algorithm}, federation=FEDERATION)
     site_dir = tmp_path / "run" / "sites"
     http_port = free_port()
     site = site_process(fleet, site_broker, "s1", site_dir, http_port=http_port)
@@ -62,3 +64,11 @@ def test_two_rounds_through_a_site_aggregator_behind_a_bridge(tmp_path: Path, mo
     partials = [decode_wire(m.payload, PartialAggregate) for parsed, m in seen if parsed.kind == "partial"]
     assert sorted(p.round for p in partials) == list(range(1, ROUNDS + 2))
     assert all(p.site_id == "s1" and set(p.outcomes) == {"rpi-1", "rpi-2"} for p in partials)
+    trained = [p for p in partials if p.sums]  # the delta rounds (round 1 bootstraps, the last one evaluates)
+    assert len(trained) == ROUNDS - 1
+    assert all(bool(p.control_sums) == (algorithm == "scaffold") for p in trained)
+    states = [decode_wire(m.payload, GlobalState) for parsed, m in seen if parsed.kind == "global_state" and m.payload]
+    moved = [st for st in states if st.round > 2]
+    assert moved and all(bool(st.control) == (algorithm == "scaffold") for st in moved)
+    if algorithm == "scaffold":  # the server variate took the site's sums
+        assert any(float(abs(a).max()) > 0 for st in moved for a in st.control.values())

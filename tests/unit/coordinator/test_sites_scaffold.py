@@ -1,0 +1,259 @@
+"""SCAFFOLD behind site aggregators: a site folds its agents' control deltas beside their deltas and sends the sums
+up (``control_sums``); the root's new weights and server variate equal flat SCAFFOLD's over the same updates. A site
+checks each control delta against the layout the round announced; the root refuses a partial whose control sums
+are missing or misshapen (before, one such partial failed every SCAFFOLD round) and bounds a site's mean control
+delta as it bounds one agent's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from coordinator.app.driver import EngineDriver
+from coordinator.sites.engine import SiteEngine
+from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.partials import AgentOutcome, PartialAggregate
+from protocol.wire import decode_message, encode_message
+from tests.task_refs import DIGITS
+from tests.unit.coordinator import test_site_plain_attacks as attacks
+from tests.unit.coordinator.test_engine import TOPICS, rejected, weights
+from tests.unit.coordinator.test_sites import SAMPLES, SITES, payload_of, setup, tick_site
+
+SCAFFOLD = {"algorithm": "scaffold"}
+
+
+def control_of(agent_id: str, round_number: int) -> dict[str, np.ndarray]:
+    if round_number == 1:
+        return {name: np.zeros_like(a) for name, a in weights(0.0).items()}  # nothing trained in a bootstrap
+    rng = np.random.default_rng([round_number, 7, sum(map(ord, agent_id))])
+    return {name: rng.standard_normal(a.shape).astype(np.float32) for name, a in weights(0.0).items()}
+
+
+def scaffold_answer(announcement: RoundAnnouncement, agent_id: str, run_id: str,
+                    control: dict[str, np.ndarray] | None = None) -> Update:
+    ref = announcement.states.get("f")
+    payload = payload_of(agent_id, announcement.round, announcement.task)
+    fields: dict[str, object] = {}
+    if announcement.task == "train":
+        fields = {"weights" if ref is None else "delta": payload,
+                  "control_delta": control if control is not None else control_of(agent_id, announcement.round)}
+    return Update(run_id=run_id, agent_id=agent_id, round=announcement.round, task=announcement.task, task_ref=DIGITS,
+                  family="f", base_digest=ref.digest if ref else None, num_samples=SAMPLES[agent_id],
+                  metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2), **fields)
+
+
+def run_scaffold_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None,  # type: ignore[no-untyped-def]
+                        rounds: int) -> None:
+    for _ in range(rounds):
+        root.tick()
+        payload = outbox.last(TOPICS.rounds_current)
+        announcement = decode_message(payload, RoundAnnouncement)
+        for site_id, agents in SITES.items():
+            site = sites[site_id] if sites else None
+            if site is not None:
+                site.on_message(TOPICS.rounds_current, payload)
+            for agent_id in agents:
+                message = scaffold_answer(announcement, agent_id, root.run.run_id)
+                target = site if site is not None else root
+                target.on_message(TOPICS.update(agent_id, announcement.round), encode_message(message))
+            if site is not None:
+                _, out = tick_site(site)
+                assert out, f"site {site_id} published nothing"
+                for topic, partial in out:
+                    root.on_message(topic, partial)
+        root.tick()
+        assert root.last_summary is not None and root.last_summary.outcome == "completed", root.last_summary
+
+
+def test_scaffold_over_sites_equals_flat_scaffold_over_the_same_updates(tmp_path: Path) -> None:
+    flat, flat_out, _, _ = setup(tmp_path, "flat", with_sites=False, rounds=3, **SCAFFOLD)
+    root, root_out, metrics, sites = setup(tmp_path, "sites", with_sites=True, rounds=3, **SCAFFOLD)
+    run_scaffold_rounds(flat, flat_out, None, 3)  # a bootstrap round, then two delta rounds
+    run_scaffold_rounds(root, root_out, sites, 3)
+    assert root.last_summary.sites is not None and set(root.last_summary.sites) == set(SITES)
+    after_2 = (decode_message(out.last(TOPICS.global_state("f", 3)), GlobalState) for out in (flat_out, root_out))
+    after_3 = (driver.strategy.states["f"] for driver in (flat, root))
+    for expected, got in (after_2, after_3):
+        for name in expected.weights:
+            np.testing.assert_allclose(got.weights[name], expected.weights[name], rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(got.control[name], expected.control[name], rtol=1e-6, atol=1e-7)
+    # c after round 2, in float64: every agent answered, so |S|/N = 1 and c is the sample-weighted mean control delta
+    total = sum(SAMPLES.values())
+    c2 = decode_message(root_out.last(TOPICS.global_state("f", 3)), GlobalState).control
+    for name in c2:
+        mean = sum(SAMPLES[a] * control_of(a, 2)[name].astype(np.float64) for a in SAMPLES) / total
+        np.testing.assert_allclose(c2[name], mean.astype(np.float32), rtol=1e-6, atol=1e-7)
+        assert np.abs(c2[name]).max() > 0.01
+    assert metrics.registry.get_sample_value("fl_rounds_total", {"outcome": "completed"}) == 3
+
+
+def test_a_scaffold_round_announces_the_control_layout_and_a_site_checks_it(tmp_path: Path) -> None:
+    root, outbox, metrics, sites = setup(tmp_path, "sites", with_sites=True, rounds=3, **SCAFFOLD)
+    run_scaffold_rounds(root, outbox, sites, 1)
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    assert set(announcement.control_layouts) == {"f"}
+    site = sites["s3"]
+    site.on_message(TOPICS.rounds_current, payload)
+    run_id = root.run.run_id
+    wrong = {"w": np.zeros((3, 2), np.float32), "b": np.zeros(3, np.float32)}
+    cases = {"c1": wrong, "c2": {"w": np.zeros((2, 3), np.float32)}, "c3": {}}
+    for agent_id, control in cases.items():
+        site.on_message(TOPICS.update(agent_id, 2), encode_message(scaffold_answer(announcement, agent_id, run_id, control)))
+    site.on_message(TOPICS.update("c4", 2), encode_message(scaffold_answer(announcement, "c4", run_id)))
+    _, out = tick_site(site)
+    (partial,) = [decode_message(p, PartialAggregate) for _, p in out]
+    assert {a: (o.outcome, o.reason) for a, o in partial.outcomes.items()} == {
+        "c1": ("rejected", "bad_shape"), "c2": ("rejected", "bad_shape"), "c3": ("rejected", "missing_payload"),
+        "c4": ("accepted", None)}
+    assert set(partial.control_sums) == {"w", "b"}
+    np.testing.assert_allclose(partial.control_sums["w"], SAMPLES["c4"] * control_of("c4", 2)["w"].astype(np.float64))
+
+
+def test_a_fedavg_partial_carries_no_control_fields_on_the_wire(tmp_path: Path) -> None:
+    root, outbox, _, sites = setup(tmp_path, "sites", with_sites=True, rounds=3)
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    assert b"control_layouts" not in payload
+    site = sites["s1"]
+    site.on_message(TOPICS.rounds_current, payload)
+    announcement = decode_message(payload, RoundAnnouncement)
+    update = Update(run_id=root.run.run_id, agent_id="a1", round=1, task="train", task_ref=DIGITS, family="f",
+                    base_digest=None, num_samples=5, weights=weights(1.0),
+                    metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2))
+    assert announcement.round == 1
+    site.on_message(TOPICS.update("a1", 1), encode_message(update))
+    _, out = tick_site(site)
+    assert out and all(b"control_sums" not in p and b"proposal_control" not in p for _, p in out)
+
+
+# -- a site that lies, or runs an older build: the root's checks ------------------------------------------------
+def scaffold_federation(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """test_site_plain_attacks' federation (3 direct agents, sites s1 and s2 of one agent each, default bounds)
+    under SCAFFOLD, with round 2 (a delta round) open."""
+    clock = attacks.Clock()
+    root, outbox, metrics = attacks.make_engine(tmp_path, clock, rounds=3, quorum_fraction=0.5, **SCAFFOLD)
+    lay = attacks.layout(attacks.model(0.0))
+    for agent_id in attacks.DIRECT:
+        root.on_message(TOPICS.agent_status(agent_id), encode_message(attacks.status(agent_id, lay)))
+    for site, agents in attacks.SITE_AGENTS.items():
+        roster = attacks.SiteRoster(site_id=site, started_at=1.0, seq=1, present=list(agents),
+                                    statuses=[attacks.status(a, lay) for a in agents])
+        root.on_message(TOPICS.site_roster(site), encode_message(roster))
+    root.tick()
+    zero = {k: np.zeros_like(v) for k, v in attacks.model(0.0).items()}
+    for agent_id in attacks.DIRECT:
+        msg = attacks.update(root, agent_id, 10, weights=attacks.model(1.0), control_delta=zero)
+        root.on_message(TOPICS.update(agent_id, 1), encode_message(msg))
+    for site, agents in attacks.SITE_AGENTS.items():
+        attacks.send_partial(root, attacks.partial(root, site, {a: AgentOutcome(outcome="straggler") for a in agents}))
+    root.tick()
+    assert root.last_summary.outcome == "completed", root.last_summary
+    root.tick()
+    assert root.open.number == 2
+    for agent_id in attacks.DIRECT:
+        msg = attacks.update(root, agent_id, 10, delta=attacks.model(0.1), control_delta=attacks.model(0.2))
+        root.on_message(TOPICS.update(agent_id, 2), encode_message(msg))
+    return root, metrics, clock
+
+
+def site_sums(value: float, samples: int = 10) -> dict[str, np.ndarray]:
+    return {k: samples * v.astype("<f8") for k, v in attacks.model(value).items()}
+
+
+def test_a_partial_without_control_sums_is_refused_and_the_scaffold_round_completes(tmp_path: Path) -> None:
+    root, metrics, clock = scaffold_federation(tmp_path)
+    accepted = {"s1x": AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
+    attacks.send_partial(root, attacks.partial(root, "s1", accepted, sums=site_sums(0.1), heaviest="s1x"))
+    assert rejected(metrics, "bad_partial", "partial") == 1
+    attacks.send_partial(root, attacks.partial(root, "s2", {"s2x": AgentOutcome(outcome="straggler")}))
+    attacks.close_after_the_deadline(root, clock)
+    np.testing.assert_allclose(root.strategy.states["f"].control["w"], 0.2 * 3 / 5, rtol=1e-6)  # 3 of N = 5 answered
+
+
+def test_a_sites_mean_control_delta_is_bounded_like_one_agents(tmp_path: Path) -> None:
+    root, metrics, clock = scaffold_federation(tmp_path)
+    accepted = {"s1x": AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
+    attacks.send_partial(root, attacks.partial(root, "s1", accepted, sums=site_sums(0.1), heaviest="s1x",
+                                               control_sums=site_sums(1e6)))
+    attacks.send_partial(root, attacks.partial(root, "s2", {"s2x": AgentOutcome(outcome="straggler")}))
+    root.tick()
+    assert root.last_summary.round == 2 and root.last_summary.outcome == "completed", root.last_summary
+    assert "s1" in root.last_summary.clipped_norms
+    # every control delta is then at most the direct agents' median norm (max_norm_ratio 1): c moves by 0.2 a value
+    np.testing.assert_allclose(root.strategy.states["f"].control["w"], 0.2 * 4 / 5, rtol=1e-5)
+
+
+def test_a_bootstrap_proposal_without_a_control_delta_is_refused(tmp_path: Path) -> None:
+    clock = attacks.Clock()
+    root, outbox, metrics = attacks.make_engine(tmp_path, clock, rounds=3, quorum_fraction=0.5, **SCAFFOLD)
+    lay = attacks.layout(attacks.model(0.0))
+    for agent_id in attacks.DIRECT:
+        root.on_message(TOPICS.agent_status(agent_id), encode_message(attacks.status(agent_id, lay)))
+    roster = attacks.SiteRoster(site_id="s1", started_at=1.0, seq=1, present=["s1x"],
+                                statuses=[attacks.status("s1x", lay)])
+    root.on_message(TOPICS.site_roster("s1"), encode_message(roster))
+    root.tick()
+    accepted = {"s1x": AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
+    attacks.send_partial(root, attacks.partial(root, "s1", accepted, proposal=attacks.model(1.0), count=1,
+                                               total_weight=10.0))
+    assert rejected(metrics, "bad_partial", "partial") == 1
+    assert "s1x" not in root.open.updates
+
+
+# -- secure rounds: a site's SecAgg+ session masks the control delta beside the delta ----------------------------
+def test_a_secure_scaffold_round_behind_sites_moves_x_and_c_as_the_plain_round_would(tmp_path: Path) -> None:
+    from tests.unit.coordinator import test_site_secure as secure
+
+    fed = secure.Federation(tmp_path, **{**secure.SECURE, **SCAFFOLD})
+    ann = fed.announce()  # round 1 bootstraps in the clear: seeded weights and a zero control delta
+    zero = {name: np.zeros_like(a) for name, a in weights(0.0).items()}
+    for site_id, agents in secure.SITES.items():
+        for agent_id in agents:
+            update = Update(run_id=ann.run_id, agent_id=agent_id, round=1, task="train", task_ref=DIGITS, family="f",
+                            base_digest=None, num_samples=secure.SAMPLES[agent_id], metrics=TrainMetrics(),
+                            weights=weights(1.0), control_delta=zero)
+            fed.sites[site_id].on_message(TOPICS.update(agent_id, 1), encode_message(update))
+    fed.pump()
+    fed.root.tick()
+    ann = fed.announce()
+    assert ann.round == 2 and ann.secure is not None and ann.secure.control_clip is not None
+    assert set(ann.secure.sites) == set(secure.SITES)
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    fed.pump()
+    control = {a: {n: np.clip(v, -0.5, 0.5) for n, v in control_of(a, 2).items()} for a in secure.SAMPLES}
+    for agent_id in secure.SAMPLES:
+        update = Update(run_id=ann.run_id, agent_id=agent_id, round=2, task="train", task_ref=DIGITS, family="f",
+                        base_digest=ann.states["f"].digest, num_samples=secure.SAMPLES[agent_id],
+                        metrics=TrainMetrics(eval_accuracy=0.5, eval_loss=1.0, num_eval_samples=2),
+                        delta=secure.delta_of(agent_id), control_delta=control[agent_id])
+        assert fed.agents[agent_id].takes(update)
+    fed.pump()
+    summary = fed.root.last_summary
+    assert (summary.round, summary.outcome, summary.answered) == (2, "completed", 7), summary
+    fed.root.tick()
+    moved = fed.state(3)
+    cap = {s: ann.secure.sites[s].families["f"].weight_cap for s in secure.SITES}
+    site_of = {a: s for s, agents in secure.SITES.items() for a in agents}
+    w = {a: min(secure.SAMPLES[a], cap[site_of[a]]) for a in secure.SAMPLES}
+    step = max(secure.quantiser(ann.secure, held.families["f"]).step for held in ann.secure.sites.values())
+    for name in ("w", "b"):
+        expected = sum(w[a] * control[a][name].astype(np.float64) for a in w) / sum(w.values())
+        assert np.abs(moved.control[name] - expected).max() <= 4 * len(w) * step + 1e-6
+        assert np.abs(expected).max() > 0.05
+
+
+def test_a_site_refuses_updates_of_an_algorithm_it_does_not_fold_saying_why(tmp_path: Path) -> None:
+    root, outbox, _, sites = setup(tmp_path, "sites", with_sites=True, rounds=3)
+    root.tick()
+    announcement = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    fedproto = announcement.model_copy(update={"algorithm": "fedproto"})
+    site = sites["s1"]
+    site.on_message(TOPICS.rounds_current, encode_message(fedproto))
+    site.on_message(TOPICS.update("a1", 1), encode_message(scaffold_answer(fedproto, "a1", root.run.run_id)))
+    _, out = tick_site(site)
+    (partial,) = [decode_message(p, PartialAggregate) for _, p in out]
+    assert partial.outcomes["a1"].outcome == "rejected" and partial.outcomes["a1"].reason == "site_unsupported"
