@@ -90,6 +90,12 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     sessions: dict[tuple[str | None, str], SecureFamily] = {}
     for key, agents in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         where = f"{names[key]}{f' at site {key[0]}' if key[0] else ''}"
+        if prototypes is not None and key[0] is not None:  # a site's partial carries one family's sum, not these
+            why = "FedProto's prototype sessions do not run behind site aggregators"
+            skipped.append(f"{where}: {why}")
+            log.warning("round %d: %s sits out (its agents' plain updates are refused): %s", announcement.round,
+                        where, why)
+            continue
         session = _session(s, agents, records, levels, prototypes, states, controls, where, announcement.round,
                            skipped)
         if session is not None:

@@ -17,7 +17,11 @@ from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
 from tests.unit.coordinator import test_site_plain_attacks as attacks
-from tests.unit.coordinator.test_engine import TOPICS, rejected, weights
+from tests.unit.coordinator import test_site_secure as secure
+from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, make_engine, rejected, weights
+from tests.unit.coordinator.test_secure_fedproto import FAMILIES, FEDPROTO
+from tests.unit.coordinator.test_secure_fedproto import SAMPLES as PROTO_SAMPLES
+from tests.unit.coordinator.test_secure_rounds import SECURE
 from tests.unit.coordinator.test_sites import SAMPLES, SITES, payload_of, setup, tick_site
 
 SCAFFOLD = {"algorithm": "scaffold"}
@@ -205,8 +209,6 @@ def test_a_bootstrap_proposal_without_a_control_delta_is_refused(tmp_path: Path)
 
 # -- secure rounds: a site's SecAgg+ session masks the control delta beside the delta ----------------------------
 def test_a_secure_scaffold_round_behind_sites_moves_x_and_c_as_the_plain_round_would(tmp_path: Path) -> None:
-    from tests.unit.coordinator import test_site_secure as secure
-
     fed = secure.Federation(tmp_path, **{**secure.SECURE, **SCAFFOLD})
     ann = fed.announce()  # round 1 bootstraps in the clear: seeded weights and a zero control delta
     zero = {name: np.zeros_like(a) for name, a in weights(0.0).items()}
@@ -257,3 +259,23 @@ def test_a_site_refuses_updates_of_an_algorithm_it_does_not_fold_saying_why(tmp_
     _, out = tick_site(site)
     (partial,) = [decode_message(p, PartialAggregate) for _, p in out]
     assert partial.outcomes["a1"].outcome == "rejected" and partial.outcomes["a1"].reason == "site_unsupported"
+
+
+def test_fedproto_agents_behind_a_site_sit_out_of_secure_rounds_saying_why(tmp_path: Path) -> None:
+    """FedProto's one session spans every family; a site's partial carries one family's sum. Its site's agents sit
+    out (their plain updates are refused there, ``site_unsupported``) rather than fail at the root."""
+    clock = Clock()
+    root, outbox, _ = make_engine(tmp_path, clock, **{**SECURE, **FEDPROTO, "min_available_agents": 7,
+                                                      "min_fit_agents": 7})
+    behind = {"s1x": "cnn_large", "s1y": "mlp_tiny"}
+    for agent, family in FAMILIES.items():
+        hello(root, agent, family=family, samples=PROTO_SAMPLES[agent])
+    statuses = [attacks.status(a, LAYOUT).model_copy(update={"family": f}) for a, f in behind.items()]
+    roster = attacks.SiteRoster(site_id="s1", started_at=1.0, seq=1, present=list(behind), statuses=statuses)
+    root.on_message(TOPICS.site_roster("s1"), encode_message(roster))
+    assert root.engine.parts.rosters.site_of == {a: "s1" for a in behind}
+    root.tick()
+    ann = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert ann.secure is not None and set(behind) <= set(ann.selected)
+    assert not ann.secure.sites  # no session for the site's agents
+    assert not set(behind) & set(ann.secure.families["cnn_large"].roster)
