@@ -6,12 +6,17 @@ the exported figures never go down while the coordinator runs (unless an agent i
 
 An agent's ledger only grows. One that reports less than it did (a restored backup of its state
 directory, a wiped one under a fixed id) would train again on data whose budget is spent: the
-engine then stops selecting it to train until it reports at least as much again.
+engine then stops selecting it to train until it reports at least as much again. The highest figures
+are kept in the checkpoint (``state_dict``), so a restarted coordinator, which hears only the retained
+statuses (perhaps the rolled-back one), still knows what each agent spent.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import PrivacySpent
@@ -70,8 +75,30 @@ class FleetPrivacy:
 
     def forget(self, agent_id: str) -> None:
         """A cleared retained status: the agent was decommissioned."""
-        if self._agents.pop(agent_id, None) is None:
-            return
+        if self._agents.pop(agent_id, None) is not None:
+            self._recount()
+
+    def state_dict(self) -> dict[str, list[Any]]:
+        """Per agent: [device label, highest epsilon, delta, exhausted]."""
+        return {agent: [r.device, r.epsilon, r.delta, r.exhausted] for agent, r in sorted(self._agents.items())}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """Merge a checkpoint's figures with what was heard since (the larger epsilon of each agent wins)."""
+        for agent, entry in saved.items():
+            if not (isinstance(agent, str) and isinstance(entry, list) and len(entry) == 4
+                    and isinstance(entry[0], str) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                          and math.isfinite(x) and x >= 0 for x in entry[1:3])
+                    and isinstance(entry[3], bool)):
+                raise ValueError(f"checkpoint: privacy of {agent!r} must be [device, epsilon, delta, exhausted]")
+        for agent, (device, epsilon, delta, exhausted) in saved.items():
+            current = self._agents.get(agent)
+            if current is None or current.epsilon < epsilon:
+                label = current.device if current is not None else self.metrics.device_label(device)
+                self._agents[agent] = AgentPrivacy(label, float(epsilon), float(delta), exhausted)
+        self._recount()
+
+    def _recount(self) -> None:
+        """The per-device figures and the fleet's largest, from every agent's record."""
         m = self.metrics
         for device in self._device_max:
             m.epsilon.remove(device)

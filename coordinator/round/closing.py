@@ -132,6 +132,7 @@ def checkpoint(parts: EngineParts, run_id: str, next_round: int, finished: bool,
         "run_id": run_id, "epoch": epoch, "algorithm": parts.strategy.algorithm, "next_round": next_round,
         "finished": finished, "strategy": parts.strategy.state_dict(), "task": parts.task.state_dict(),
         "versions": parts.versions.state_dict(), "applied": parts.applied.state_dict(),
+        "privacy": parts.privacy.state_dict(),
         "last_summary": None if last_summary is None else last_summary.to_dict(),
         "central_dp": None if parts.central_ledger is None else parts.central_ledger.state_dict(),
     }, checkpoint=True)

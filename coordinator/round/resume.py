@@ -62,6 +62,7 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
                                saved.where)
     parts.versions.load_state_dict(data.get("versions") or {})
     parts.applied.load_state_dict(data.get("applied") or {})  # since 2026-12
+    parts.privacy.load_state_dict(data.get("privacy") or {})  # since 2026-12-03: a ledger's rollback outlives restarts
     _resume_ledger(parts, data.get("central_dp"), saved.where)
     parts.versions.record(parts.strategy.states, run.next_round)
     log.info("resumed run %s (epoch %d) at round %d from %s", run.run_id, run.epoch, run.next_round, saved.where)

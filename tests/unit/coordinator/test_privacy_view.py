@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from prometheus_client import CollectorRegistry
+
+from coordinator.fleet.privacy import FleetPrivacy
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import AgentStatus, PrivacySpent, RoundAnnouncement
 from protocol.wire import decode_message, encode_message
@@ -130,3 +134,38 @@ def test_an_agent_whose_ledger_went_back_trains_no_more_until_it_reports_its_hig
     assert engine.engine.run.open is None  # two needed, one selectable
     report("a", 3.0, 3)
     assert [r.agent_id for r in registry.available(clock.now)] == ["a", "b"]
+
+
+def test_a_restarted_coordinator_still_knows_what_each_agent_spent(tmp_path: Path) -> None:
+    """The highest figures are checkpointed: after a restart, a rolled-back ledger's status (perhaps the only one
+    the broker retains) is still caught, and the export does not go down."""
+    clock = Clock()
+    engine, _, _ = make_engine(tmp_path, clock, min_available_agents=2, min_fit_agents=2)
+    for agent_id, epsilon in (("a", 3.0), ("b", 0.5)):
+        engine.on_message(TOPICS.agent_status(agent_id), encode_message(status(agent_id, "rpi", epsilon)))
+    engine.tick()
+    for agent_id in ("a", "b"):
+        send(engine, update(engine, agent_id, 1))
+    engine.tick()
+    assert engine.last_summary is not None and engine.last_summary.outcome == "completed"
+
+    restarted, _, metrics = make_engine(tmp_path, Clock())
+    assert gauge(metrics, "fl_privacy_epsilon_max") == 3.0  # before any status is heard again
+    registry = restarted.engine.parts.registry
+    rolled_back = status("a", "rpi", 1.0).model_copy(update={"epoch": 2, "seq": 1})
+    restarted.on_message(TOPICS.agent_status("a"), encode_message(rolled_back))
+    restarted.on_message(TOPICS.agent_status("b"), encode_message(status("b", "rpi", 0.5)))
+    assert [r.agent_id for r in registry.available(0.0)] == ["b"]
+    assert gauge(metrics, "fl_privacy_epsilon", device="rpi") == 3.0
+
+
+def test_a_checkpoints_privacy_figures_are_validated_and_merged_keeping_the_larger() -> None:
+    privacy = FleetPrivacy(CoordinatorMetrics(CollectorRegistry()))
+    privacy.observe("a", "rpi", PrivacySpent(epsilon=2.0, delta=1e-5, budget_epsilon=8.0, exhausted=False))
+    privacy.load_state_dict({"a": ["rpi", 1.0, 1e-5, False], "b": ["jetson", 4.0, 1e-5, True]})
+    assert privacy.state_dict() == {"a": ["rpi", 2.0, 1e-5, False], "b": ["jetson", 4.0, 1e-5, True]}
+    assert privacy.epsilon_max == 4.0 and privacy.exhausted == 1
+    for bad in ({"a": ["rpi", -1.0, 0.0, False]}, {"a": ["rpi", float("nan"), 0.0, False]}, {"a": ["rpi", 1.0]},
+                {"a": ["rpi", 1.0, 0.0, 1]}, {"a": [3, 1.0, 0.0, False]}):
+        with pytest.raises(ValueError, match="privacy of 'a'"):
+            privacy.load_state_dict(bad)
