@@ -21,6 +21,7 @@ from coordinator.round.broadcast import publish_states, publish_status
 from coordinator.round.closure import Closure
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
+from coordinator.round.sites import release_held_sums
 from coordinator.state.checkpoint import CHECKPOINT
 from coordinator.state.rounds import FamilySummary, RoundSummary
 from coordinator.strategies.base import Strategy
@@ -87,6 +88,7 @@ def begin_close(parts: EngineParts, run: RunState, now: float, ending: tuple[str
     open_round = run.open
     assert open_round is not None
     release_held(parts, run)
+    release_held_sums(parts, run)
     s = parts.settings
     quorum = open_round.quorum(s.quorum_fraction, s.min_updates)
     outcome, reason = ending or ("completed", None)

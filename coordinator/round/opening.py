@@ -131,3 +131,4 @@ def begin(parts: EngineParts, run: RunState) -> None:
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                                spill_dir=parts.settings.state_dir / "spill")
     run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried()))
+    run.site_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.site_gate.norms.carried()))

@@ -5,12 +5,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from coordinator.aggregation.running_mean import RunningMean
 from coordinator.round.norm_clip import NormGate, RoundNorms
 from coordinator.state.rounds import OpenRound, RoundSummary
 
 if TYPE_CHECKING:
     from coordinator.admission.intake import UpdateIn
     from protocol.messages import Update
+
+
+@dataclass(frozen=True)
+class HeldSums:
+    """A site's partial sums, admitted and checked, not yet folded (``coordinator.round.sites``)."""
+
+    site: str
+    family: str
+    round: int
+    means: dict[str, RunningMean]
+    """Payload field (``delta``, SCAFFOLD's ``control_delta``) -> the site's running mean."""
+    members: frozenset[str]
+    total_weight: float
 
 
 @dataclass
@@ -34,6 +48,9 @@ class RunState:
     """Asynchronous rounds: updates held for the next buffer (bounded by the engine)."""
     norm_gate: NormGate[tuple[Update, float]] = field(default_factory=lambda: NormGate(RoundNorms(0.0)))
     """The open round's deltas held until their family's median norm exists (reset when a round opens)."""
+    site_gate: NormGate[HeldSums] = field(default_factory=lambda: NormGate(RoundNorms(0.0)))
+    """Sites' partial sums while the root has no bound of its own (no direct delta yet): held until the round's
+    sites' mean norms give a median, which then bounds each (reset when a round opens)."""
     task_revision: int = -1
     """``TaskAgreement.revision`` when the run's card was last published."""
     last_wait_log: float = -1e9

@@ -24,7 +24,7 @@ from coordinator.reasons import RejectReason
 from coordinator.round import applying
 from coordinator.round.norm_clip import RoundNorms, control_key
 from coordinator.round.parts import EngineParts
-from coordinator.round.run_state import RunState
+from coordinator.round.run_state import HeldSums, RunState
 from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
 from protocol.errors import Reason
 from protocol.fields import TaskRef
@@ -144,25 +144,64 @@ def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members:
         return Reject(RejectReason.BAD_PARTIAL, exc.detail)
     if any(not np.isfinite(s).all() for mean in means.values() for s in mean.sums.values()):
         return Reject(RejectReason.BAD_PARTIAL, "sums are not finite")
-    for field_name, key in (("delta", partial.family), ("control_delta", control_key(partial.family))):
-        if field_name in means:  # the site's mean counts like one delta (one control delta) clipped here
-            _bound(run, partial, field_name, means[field_name], mean_norm_limit(run.norm_gate.norms, key))
-    if not parts.strategy.accumulate_sums(partial.family, means, members):
+    arrays = {"delta": state.weights, "control_delta": state.control}
+    for field_name, mean in means.items():  # finite float64 sums whose mean overflows the state fails the round
+        for name, total in mean.sums.items():
+            largest = float(np.abs(total).max(initial=0.0)) / partial.total_weight
+            if not largest <= float(np.finfo(arrays[field_name][name].dtype).max):
+                return Reject(RejectReason.BAD_PARTIAL, f"{field_name} {name}'s mean does not fit "
+                                                        f"{arrays[field_name][name].dtype}")
+    if parts.strategy.folds is None:
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
+    held = HeldSums(partial.site_id, partial.family, partial.round, means, frozenset(members), partial.total_weight)
+    if mean_norm_limit(run.norm_gate.norms, partial.family) is not None or run.site_gate.norms.ratio <= 0:
+        _fold_held(parts, run, held, None)
+        return None
+    # No bound of the root's own yet (no direct delta this round, none carried): the round's sites' mean norms
+    # give one, as agents' norms do (a minority of sites cannot move their median).
+    if "control_delta" in means:
+        run.site_gate.norms.observe(control_key(partial.family), _mean_norm(held, "control_delta"))
+    for item, bound in run.site_gate.admit(partial.family, held, _mean_norm(held, "delta")):
+        _fold_held(parts, run, item, bound)
     return None
 
 
-def _bound(run: RunState, partial: PartialAggregate, field_name: str, mean: RunningMean, limit: float | None) -> None:
-    """``mean``'s sums scaled so its mean is at most ``limit`` long (the site named in ``clipped_norms``)."""
-    size = l2_norm(mean.sums) / partial.total_weight
+def release_held_sums(parts: EngineParts, run: RunState) -> None:
+    """The round closes: fold the sites' sums still held for want of a median, against what arrived."""
+    for held, bound in run.site_gate.release():
+        _fold_held(parts, run, held, bound)
+
+
+def _fold_held(parts: EngineParts, run: RunState, held: HeldSums, site_bound: float | None) -> None:
+    """``held`` into the round's folds, each mean at most the root's bound for one agent's (or, while the root has
+    none, ``site_bound`` from the round's sites)."""
+    for field_name, key in (("delta", held.family), ("control_delta", control_key(held.family))):
+        if field_name not in held.means:
+            continue
+        limit = mean_norm_limit(run.norm_gate.norms, key)
+        if limit is None and site_bound is not None:
+            limit = site_bound if field_name == "delta" else run.site_gate.norms.bound(key)
+        _bound(run, held, field_name, limit)
+    folded = parts.strategy.accumulate_sums(held.family, held.means, set(held.members))
+    assert folded, "_fold checked that the strategy folds means"
+
+
+def _mean_norm(held: HeldSums, field_name: str) -> float:
+    return l2_norm(held.means[field_name].sums) / held.total_weight
+
+
+def _bound(run: RunState, held: HeldSums, field_name: str, limit: float | None) -> None:
+    """``held``'s mean of ``field_name`` scaled to at most ``limit`` long (the site named in ``clipped_norms``)."""
+    size = _mean_norm(held, field_name)
     if limit is None or size <= limit:
         return
+    mean = held.means[field_name]
     mean.sums = {name: s * (limit / size) for name, s in mean.sums.items()}
     assert run.open is not None
-    if partial.site_id not in run.open.clipped_norms:
-        run.open.clipped_norms.append(partial.site_id)
-    log.info("round %d: site %s's %s mean %s clipped from norm %.4g to %.4g", partial.round, partial.site_id,
-             partial.family, field_name, size, limit)
+    if held.site not in run.open.clipped_norms:
+        run.open.clipped_norms.append(held.site)
+    log.info("round %d: site %s's %s mean %s clipped from norm %.4g to %.4g", held.round, held.site, held.family,
+             field_name, size, limit)
 
 
 def mean_norm_limit(norms: RoundNorms, family: str) -> float | None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from coordinator.aggregation import AggregationError
 from coordinator.aggregation.aggregator import Aggregator
-from coordinator.aggregation.running_mean import RunningMean, l2_norm
+from coordinator.aggregation.running_mean import Layout, RunningMean, l2_norm, layout_key
 from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key
 from coordinator.sites.secure import SiteSecureRound
@@ -50,6 +50,8 @@ class SiteRound:
     """A robust rule applied at the close to ``kept``; None: deltas fold into ``means`` as they come."""
     rule_failure: str | None = None
     """Why the rule could not run at the close (too few updates for ``byzantine_f``), for the log."""
+    layouts: dict[str, tuple[Layout, Layout]] = field(default_factory=dict)
+    """family -> the (delta, control delta) layouts of its first folded update: the others must match (``_fold``)."""
     kept: dict[str, list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]] = field(default_factory=dict)
     """Under ``rule``: family -> (agent, its delta and control delta after the norm gate), for the close."""
     secure: SiteSecureRound | None = None
@@ -63,13 +65,15 @@ class SiteRound:
     def accept(self, update: Update, samples: int, weight: float, norm: float | None) -> None:
         """An update admission accepted, counted for ``samples`` at ``weight`` (the policy's factor)."""
         share = float(samples) * weight if update.task == "train" else 0.0
+        if update.control_delta and self.open.announcement.algorithm != "scaffold":
+            update = update.model_copy(update={"control_delta": {}})  # no other algorithm uses one (nor the root)
         if self.rule is not None and share > 0:
             share = 1.0  # counted agents weigh alike under a robust rule (claims are the agents' word)
         m = update.metrics
         self.outcomes[update.agent_id] = AgentOutcome(
             outcome="accepted", samples=samples, weight=share, eval_accuracy=m.eval_accuracy, eval_loss=m.eval_loss,
             num_eval_samples=m.num_eval_samples)
-        self.open.updates[update.agent_id] = update.model_copy(update={"delta": {}, "weights": {}})
+        self.open.updates[update.agent_id] = update.model_copy(update={"delta": {}, "weights": {}, "control_delta": {}})
         if update.weights:  # SCAFFOLD's proposers agree on their control delta too, as at the root
             digest = digest_arrays([("weights", update.weights), ("control_delta", update.control_delta)])
             votes = self.proposals.setdefault(update.family, {})
@@ -90,6 +94,10 @@ class SiteRound:
 
     def _fold(self, update: Update, share: float, bound: float | None) -> None:
         delta, control = update.delta, update.control_delta
+        layouts = (layout_key(delta), layout_key(control))
+        if self.layouts.setdefault(update.family, layouts) != layouts:  # admission checked both against the round's
+            self.outcomes[update.agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.BAD_SHAPE.value)
+            return  # announcement: unreachable unless that changes, and then one agent must not fail the site's sums
         if bound is not None:
             delta, _ = clipped(delta, l2_norm(delta), bound)
             control, _ = clipped(control, l2_norm(control), self.norm_gate.norms.bound(control_key(update.family)))
@@ -111,7 +119,7 @@ class SiteRound:
         controls = [control for _, _, control in kept]
         try:
             result = self.rule([delta for _, delta, _ in kept], [1.0] * len(kept))
-            control = self.rule(controls, [1.0] * len(kept)) if all(controls) else {}
+            control = self.rule.unclipped(controls, [1.0] * len(kept)) if all(controls) else {}  # as at the root
         except AggregationError as exc:
             for agent_id, _, _ in kept:
                 outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.SITE_TOO_FEW.value)

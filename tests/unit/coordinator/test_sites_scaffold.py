@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator.aggregation.running_mean import l2_norm
 from coordinator.app.driver import EngineDriver
 from coordinator.sites.engine import SiteEngine
 from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
@@ -22,7 +23,7 @@ from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, mak
 from tests.unit.coordinator.test_secure_fedproto import FAMILIES, FEDPROTO
 from tests.unit.coordinator.test_secure_fedproto import SAMPLES as PROTO_SAMPLES
 from tests.unit.coordinator.test_secure_rounds import SECURE
-from tests.unit.coordinator.test_sites import SAMPLES, SITES, payload_of, setup, tick_site
+from tests.unit.coordinator.test_sites import SAMPLES, SITES, payload_of, setup, site_engine, tick_site
 
 SCAFFOLD = {"algorithm": "scaffold"}
 
@@ -279,3 +280,108 @@ def test_fedproto_agents_behind_a_site_sit_out_of_secure_rounds_saying_why(tmp_p
     assert ann.secure is not None and set(behind) <= set(ann.selected)
     assert not ann.secure.sites  # no session for the site's agents
     assert not set(behind) & set(ann.secure.families["cnn_large"].roster)
+
+
+# -- found in review: stray control deltas, a robust site's control, memory, a root with no bound of its own -----
+def round_two(tmp_path: Path, **site_settings: object):  # type: ignore[no-untyped-def]
+    """test_sites' federation (FedAvg unless ``algorithm`` says otherwise) after its bootstrap round, round 2 open
+    and announced to site s3 (rebuilt with ``site_settings``)."""
+    algorithm = site_settings.pop("algorithm", "fedavg")
+    root, outbox, _, sites = setup(tmp_path, "sites", with_sites=True, rounds=3, algorithm=algorithm)
+    run_scaffold_rounds(root, outbox, sites, 1)
+    site = site_engine(tmp_path / "rebuilt", "s3", Clock(), **site_settings) if site_settings else sites["s3"]
+    for agent_id in SITES["s3"]:
+        hello(site, agent_id, samples=SAMPLES[agent_id])
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    site.on_message(TOPICS.rounds_current, payload)
+    return root, site, decode_message(payload, RoundAnnouncement)
+
+
+def test_a_stray_control_delta_in_a_fedavg_round_is_ignored_and_voids_nothing(tmp_path: Path) -> None:
+    root, site, ann = round_two(tmp_path, max_norm_ratio=1.0)  # the norm gate holds the first updates
+    odd = {"c1": {"w": np.ones((2, 2), np.float32)}, "c2": {"x": np.ones(3, np.float32)}}
+    for agent_id in SITES["s3"]:
+        message = scaffold_answer(ann, agent_id, root.run.run_id, odd.get(agent_id))
+        if agent_id not in odd:
+            message = message.model_copy(update={"control_delta": {}})
+        site.on_message(TOPICS.update(agent_id, 2), encode_message(message))  # two layouts: nothing raises
+    _, out = tick_site(site)
+    (partial,) = [decode_message(p, PartialAggregate) for _, p in out]
+    assert not partial.control_sums and {o.outcome for o in partial.outcomes.values()} == {"accepted"}
+    for topic, payload in out:
+        root.on_message(topic, payload)
+    assert set(SITES["s3"]) <= set(root.open.updates)
+
+
+def test_a_robust_site_combines_control_deltas_unclipped_as_the_root_does(tmp_path: Path) -> None:
+    root, site, ann = round_two(tmp_path, algorithm="scaffold", aggregator="median", clip_norm=1.0)
+    for agent_id in SITES["s3"]:
+        site.on_message(TOPICS.update(agent_id, 2), encode_message(scaffold_answer(ann, agent_id, root.run.run_id)))
+    _, out = tick_site(site)
+    (partial,) = [decode_message(p, PartialAggregate) for _, p in out]
+    controls = [control_of(a, 2) for a in SITES["s3"]]
+    assert all(l2_norm(c) > 1.5 for c in controls)  # clip_norm 1 would have shortened each
+    for name in controls[0]:
+        median = np.median(np.stack([c[name].astype(np.float64) for c in controls]), axis=0)
+        np.testing.assert_allclose(partial.control_sums[name], 4 * median, rtol=1e-5)
+
+
+def test_a_site_lets_each_control_delta_go_once_folded(tmp_path: Path) -> None:
+    root, site, ann = round_two(tmp_path, algorithm="scaffold")
+    for agent_id in SITES["s3"][:2]:
+        site.on_message(TOPICS.update(agent_id, 2), encode_message(scaffold_answer(ann, agent_id, root.run.run_id)))
+    assert site.round is not None and len(site.round.open.updates) == 2
+    assert all(not (u.delta or u.weights or u.control_delta) for u in site.round.open.updates.values())
+
+
+def sites_only(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A SCAFFOLD root with no direct agent (so no clip bound of its own) and sites s1 and s2 of one agent each,
+    after their bootstrap round; round 2 open."""
+    clock = Clock()
+    root, _, metrics = make_engine(tmp_path, clock, rounds=3, quorum_fraction=0.5, **SCAFFOLD)
+    lay = attacks.layout(attacks.model(0.0))
+    for site, agents in attacks.SITE_AGENTS.items():
+        roster = attacks.SiteRoster(site_id=site, started_at=1.0, seq=1, present=list(agents),
+                                    statuses=[attacks.status(a, lay) for a in agents])
+        root.on_message(TOPICS.site_roster(site), encode_message(roster))
+    root.tick()
+    zero = {k: np.zeros_like(v) for k, v in attacks.model(0.0).items()}
+    for site, agents in attacks.SITE_AGENTS.items():
+        accepted = {a: AgentOutcome(outcome="accepted", samples=10, weight=10.0) for a in agents}
+        attacks.send_partial(root, attacks.partial(root, site, accepted, proposal=attacks.model(1.0),
+                                                   proposal_control=zero))
+    root.tick()
+    assert root.last_summary.round == 1 and root.last_summary.outcome == "completed", root.last_summary
+    root.tick()
+    return root, metrics, clock
+
+
+def one_agent(site: str) -> dict[str, AgentOutcome]:
+    return {attacks.SITE_AGENTS[site][0]: AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
+
+
+def test_with_no_bound_of_its_own_the_root_bounds_each_site_by_the_sites_median(tmp_path: Path) -> None:
+    root, _, _ = sites_only(tmp_path)
+    attacks.send_partial(root, attacks.partial(root, "s1", one_agent("s1"), heaviest="s1x", sums=site_sums(50.0),
+                                               control_sums=site_sums(1e6)))
+    attacks.send_partial(root, attacks.partial(root, "s2", one_agent("s2"), heaviest="s2x", sums=site_sums(0.1),
+                                               control_sums=site_sums(0.2)))
+    root.tick()
+    assert root.last_summary.round == 2 and root.last_summary.outcome == "completed", root.last_summary
+    assert root.last_summary.clipped_norms == ["s1"]
+    state = root.strategy.states["f"]
+    np.testing.assert_allclose(state.control["w"], 0.2, rtol=1e-5)  # of two, the smaller sets the bound
+    np.testing.assert_allclose(state.weights["w"], 1.1, rtol=1e-5)
+
+
+def test_a_sites_finite_sums_whose_mean_overflows_the_state_are_refused(tmp_path: Path) -> None:
+    root, metrics, clock = sites_only(tmp_path)
+    huge = {name: np.full(a.shape, 1e300) for name, a in site_sums(0.0).items()}  # finite in float64, not in float32
+    attacks.send_partial(root, attacks.partial(root, "s1", one_agent("s1"), heaviest="s1x", sums=huge,
+                                               control_sums=site_sums(0.2)))
+    assert rejected(metrics, "bad_partial", "partial") == 1
+    attacks.send_partial(root, attacks.partial(root, "s2", one_agent("s2"), heaviest="s2x", sums=site_sums(0.1),
+                                               control_sums=site_sums(0.2)))
+    attacks.close_after_the_deadline(root, clock)
+    np.testing.assert_allclose(root.strategy.states["f"].weights["w"], 1.1, rtol=1e-5)
