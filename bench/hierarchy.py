@@ -2,6 +2,7 @@
 aggregator each) and the same N agents on one coordinator, in one run, with the same updates.
 
     python bench/hierarchy.py --quick                       # 2 sites x 20 agents, 10k parameters: CI
+    python bench/hierarchy.py --quick --algorithm scaffold  # the same under SCAFFOLD: x and c equal flat's
     python bench/hierarchy.py --agents 1000 --sites 10      # 127k parameters
     python bench/hierarchy.py --agents 10000 --sites 10 --params 127000 --rounds 3
     python bench/hierarchy.py --agents 100000 --sites 10 --params 10000 --sites-only   # sites alone
@@ -14,6 +15,8 @@ The flat run has one fleet of N agents on the root broker with as many publisher
 all the sites together, so that every agent sends the same update (num_samples and delta) in both
 runs: the mean must come out the same. Plain FedAvg in both (claim_cap_multiple and max_norm_ratio
 0): those median-based bounds are each site's own, against its own median, so they differ by design.
+``--algorithm scaffold``: the agents add a control delta, and the server control variate must come out the
+same too.
 
 Per run: the median round time (``duration_s`` of rounds.jsonl, bootstrap excluded); the root
 coordinator's CPU seconds per round (/proc, first close to last) and peak RSS (VmHWM); bytes the
@@ -187,7 +190,7 @@ class Run:
 
 
 def run_one(label: str, run_dir: Path, agents: int, sites: int, params: int, rounds: int,
-            max_rss: int | None, flat_publishers: int) -> Run:
+            max_rss: int | None, flat_publishers: int, algorithm: str = "fedavg") -> Run:
     """Sites == 0: flat, on ``flat_publishers`` connections (as many as all the sites' fleets have)."""
     run = Run(label)
     update_bytes = params * 4 + 2048
@@ -204,7 +207,8 @@ def run_one(label: str, run_dir: Path, agents: int, sites: int, params: int, rou
         # Plain FedAvg: the median-based bounds (claim cap, norm clip) are each site's own, against its own median
         # (docs/architecture.md), so with them the two runs clip differently by design.
         limits = {"max_update_bytes": max(256 << 20, 4 * update_bytes), "log_level": "WARNING",
-                  "claim_cap_multiple": 0, "max_norm_ratio": 0, "max_known_agents": max(50_000, 2 * agents)}
+                  "claim_cap_multiple": 0, "max_norm_ratio": 0, "max_known_agents": max(50_000, 2 * agents),
+                  "algorithm": algorithm}
         coordinator = start_coordinator(run_dir, root.url, rounds, {
             # a round selects at most MAX_AGENTS_PER_ROUND (the announcement lists them): larger fleets are sampled
             "federation": FEDERATION, "min_fit_agents": min(agents, MAX_AGENTS_PER_ROUND), "min_available_agents": agents,
@@ -268,10 +272,11 @@ def run_one(label: str, run_dir: Path, agents: int, sites: int, params: int, rou
 
 
 def max_difference(a: GlobalState | None, b: GlobalState | None) -> float | None:
-    if a is None or b is None or a.weights.keys() != b.weights.keys():
+    """The largest |difference| over the weights and (SCAFFOLD) the server control variate."""
+    if a is None or b is None or a.weights.keys() != b.weights.keys() or a.control.keys() != b.control.keys():
         return None
-    return max(float(np.max(np.abs(a.weights[n].astype(np.float64) - b.weights[n].astype(np.float64))))
-               for n in a.weights)
+    pairs = [(a.weights[n], b.weights[n]) for n in a.weights] + [(a.control[n], b.control[n]) for n in a.control]
+    return max(float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64)))) for x, y in pairs)
 
 
 def kb(value: float | None) -> float | None:
@@ -322,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=int, default=127_000)
     parser.add_argument("--rounds", type=int, default=3, help="rounds per run, the first bootstrapping")
     parser.add_argument("--max-rss-gb", type=float, default=12.0, help="kill a root coordinator above this RSS")
+    parser.add_argument("--algorithm", choices=("fedavg", "scaffold"), default="fedavg",
+                        help="scaffold: agents send control deltas too; the variate is compared as well")
     parser.add_argument("--sites-only", action="store_true",
                         help="skip the flat run (fleets too large for one coordinator here): no comparison")
     args = parser.parse_args(argv)
@@ -333,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--agents must be a positive multiple of --sites (the same number of agents at each site)")
     per_site = args.agents // args.sites
     print(f"hierarchy benchmark: python {platform.python_version()}, {os.cpu_count()} CPUs; {args.agents} agents x "
-          f"{human(args.params)} parameters, {args.rounds} rounds (the first bootstraps), mean"
+          f"{human(args.params)} parameters, {args.rounds} rounds (the first bootstraps), {args.algorithm}, mean"
           f"{' (quick)' if args.quick else ''}", flush=True)
     runs = []
     plan = [(f"flat {args.agents}", 0), (f"{args.sites} sites x {per_site}", args.sites)]
@@ -342,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = Path(tempfile.mkdtemp(prefix="fl-hier-"))
         try:
             runs.append(run_one(label, run_dir, args.agents, sites, args.params, args.rounds,
-                                int(args.max_rss_gb * 1e9), PUBLISHERS_PER_SITE * args.sites))
+                                int(args.max_rss_gb * 1e9), PUBLISHERS_PER_SITE * args.sites, args.algorithm))
         finally:
             shutil.rmtree(run_dir, ignore_errors=True)
         print(f"  {label}: {time.monotonic() - started:.0f}s | {table(runs[-1:])[-1].strip()}", flush=True)

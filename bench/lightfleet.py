@@ -335,6 +335,10 @@ class LightFleet:
                 else:
                     arrays = {n: (0.001 * rng.standard_normal(s, dtype=np.float32)) for n, s in self.layout.items()}
                 payload = {"weights": arrays} if state is None else {"delta": arrays}
+                if ann.algorithm == "scaffold":  # a control delta per parameter (zero before any training)
+                    payload["control_delta"] = {n: (np.zeros(s, np.float32) if state is None else
+                                                    0.01 * rng.standard_normal(s, dtype=np.float32))
+                                                for n, s in self.layout.items()}
                 metrics = TrainMetrics(**eval_metrics, train_loss=0.4, train_accuracy=0.6, duration_s=0.01, steps=1)
                 update = Update(**common, num_samples=100 + variant, metrics=metrics, **payload)  # type: ignore[arg-type]
             out.append(encode_message(update))

@@ -1,6 +1,7 @@
 """bench/hierarchy.py --quick runs end to end (a root Mosquitto, a bridged Mosquitto and a site aggregator per site,
 the root coordinator, light agents) and prints its table; timings are reported, not asserted. What is asserted:
-the final state with sites equals flat's, no update is lost or counted twice, and fewer bytes reach the root."""
+the final state with sites equals flat's (under SCAFFOLD the server control variate too), no update is lost or
+counted twice, and fewer bytes reach the root."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from tests.bench_runner import run_bench
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_hierarchy_bench_quick_matches_flat_with_fewer_bytes_into_the_root() -> None:
-    out = run_bench("hierarchy.py", "--quick", timeout_s=600)
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+def test_hierarchy_bench_quick_matches_flat_with_fewer_bytes_into_the_root(algorithm: str) -> None:
+    out = run_bench("hierarchy.py", "--quick", "--algorithm", algorithm, timeout_s=600)
+    assert f"rounds (the first bootstraps), {algorithm}, mean (quick)" in out, out
     assert re.search(r"^run\s+round s\s+root CPU s/rd\s+root RSS MB\s+root in kB/rd\s+broker in kB/rd", out,
                      re.MULTILINE), out
     rows = dict(re.findall(r"^(flat 40|2 sites x 20)\s+\d+\.\d+.*\s(\d+/\d+)\s+ok$", out, re.MULTILINE))
