@@ -31,6 +31,10 @@ DEFAULT_MOMENTUM = 0.9
 """Local SGD momentum when none is set; SCAFFOLD's default is 0 (the paper corrects plain SGD steps)."""
 
 
+MEDIAN_OF = 3
+"""Deltas of a family a round's median norm rests on (``coordinator.round.norm_clip.HOLD``)."""
+
+
 class CoordinatorSettings(BrokerSettings):
     model_config = SettingsConfigDict(env_prefix="FL_COORDINATOR_", extra="forbid", validate_default=True)
 
@@ -261,6 +265,11 @@ class CoordinatorSettings(BrokerSettings):
             runs = " or ".join(e.name for e in ALGORITHMS if e.supports("modes", self.mode))
             raise ValueError(f"mode {self.mode} runs {runs}, not {self.algorithm}: SCAFFOLD's control variates "
                              f"and FedProto's prototypes assume every update starts from the same round")
+        if self.mode == "async" and self.max_norm_ratio and self.buffer_size < MEDIAN_OF:
+            raise ValueError(f"buffer_size {self.buffer_size} with max_norm_ratio {self.max_norm_ratio:g}: a buffer needs "
+                             f"at least {MEDIAN_OF} updates for the median norm that clips each one (with fewer, a "
+                             f"device alone in a buffer is clipped against its own norm, and one alone proposes the "
+                             f"first state); raise buffer_size, or set max_norm_ratio 0")
         if self.mode == "async" and self.over_selection:
             raise ValueError("over_selection has no effect with mode async: every available agent is selected")
         if self.secagg_noise_multiplier and not self.secure_aggregation:

@@ -54,12 +54,32 @@ class FedBuffPolicy(RoundPolicy):
         if update.task == "evaluate" or (open_round is not None and open_round.announcement.task == "evaluate"):
             return self._evaluation.decide(topic, update, view)
         if open_round is None:  # a buffer is being aggregated, or the next version is about to open
-            if update.round < view.next_round:
-                return Defer(f"no buffer open; version {view.next_round} is next")
-            return Reject(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
+            if update.round >= view.next_round:
+                return Reject(RejectReason.NO_OPEN_ROUND, f"round {update.round} is not open")
+            # What the next buffer would refuse at once must not take a place in the queue (a replayed update
+            # would crowd out its agent's genuine one): judged now as far as can be without the buffer.
+            return self._before_buffer(update, view, view.next_round - update.round) or \
+                Defer(f"no buffer open; version {view.next_round} is next")
         staleness = open_round.number - update.round
         if staleness < 0:
             return Reject(RejectReason.WRONG_ROUND, f"version {update.round}, newest is {open_round.number}")
+        problem = self._before_buffer(update, view, staleness)
+        if problem is not None:
+            return problem
+        buffered = open_round.updates.get(update.agent_id)
+        if buffered is not None:
+            if buffered.round == update.round:
+                return Reject(RejectReason.DUPLICATE, f"already answered version {update.round}")
+            return Defer(f"{update.agent_id} is already in this buffer")
+        if len(open_round.updates) >= len(open_round.selected):  # the rows hold as many: the next buffer takes it
+            return Defer(f"this buffer holds {len(open_round.updates)} updates already")
+        problem = agent_checks(update, view) or self._base_problem(update, view, staleness)
+        if problem is None:
+            problem = (view.payloads.check_update if staleness == 0 else view.payloads.check_delta)(update)
+        return problem or Accept(weight=self.staleness_weight(staleness), staleness=staleness)
+
+    def _before_buffer(self, update: Update, view: AdmissionView, staleness: int) -> Reject | None:
+        """Why a buffer ``staleness`` versions past the update's would refuse it whatever it holds, or None."""
         if staleness > self.max_staleness:
             return Reject(RejectReason.TOO_STALE, f"trained from version {update.round}, {staleness} behind "
                                                   f"(at most {self.max_staleness})")
@@ -68,15 +88,7 @@ class FedBuffPolicy(RoundPolicy):
         applied = view.applied.newest(update.agent_id)
         if applied is not None and update.round <= applied:  # a replay, or a copy of one already in a buffer
             return Reject(RejectReason.DUPLICATE, f"an update of version {applied} was already applied")
-        buffered = open_round.updates.get(update.agent_id)
-        if buffered is not None:
-            if buffered.round == update.round:
-                return Reject(RejectReason.DUPLICATE, f"already answered version {update.round}")
-            return Defer(f"{update.agent_id} is already in this buffer")
-        problem = agent_checks(update, view) or self._base_problem(update, view, staleness)
-        if problem is None:
-            problem = (view.payloads.check_update if staleness == 0 else view.payloads.check_delta)(update)
-        return problem or Accept(weight=self.staleness_weight(staleness), staleness=staleness)
+        return None
 
     @staticmethod
     def _base_problem(update: Update, view: AdmissionView, staleness: int) -> Reject | None:

@@ -101,7 +101,11 @@ def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision:
         _accept(parts, run, inbound, decision)
     elif isinstance(decision, Defer):
         agent_id = inbound.update.agent_id
-        if any(waiting.update.agent_id == agent_id for waiting in run.deferred):
+        waiting = next((i for i, w in enumerate(run.deferred) if w.update.agent_id == agent_id), None)
+        if waiting is not None and inbound.update.round > run.deferred[waiting].update.round:
+            run.deferred[waiting] = inbound  # its newer work: the older would be refused once this is applied
+            return
+        if waiting is not None:
             # One waits per agent: its updates are checked only once they are taken, so more would let one
             # agent fill the queue with junk and crowd out everyone else's.
             refuse_update(parts, run, agent_id, Reject(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from coordinator.aggregation import AggregationError
 from coordinator.round import epochs
@@ -105,7 +106,7 @@ def begin_close(parts: EngineParts, run: RunState, now: float, ending: tuple[str
         surplus=missing - dropouts - stragglers, quorum=quorum, population=parts.registry.count_by_family(),
         epsilon_max=parts.privacy.epsilon_max, budget_exhausted=parts.privacy.exhausted, next_round=next_round,
         finished=open_round.announcement.task == "evaluate" or (next_round > s.rounds and not s.evaluate_final),
-        closed_at=parts.wall_clock(), collect_s=max(0.0, now - open_round.opened),
+        closed_at=parts.wall_clock(), collect_s=max(0.0, now - open_round.opened), loop_state=loop_state(parts, run),
     )
     run.open = None
     run.next_round = next_round  # updates for the closing round are now late
@@ -123,18 +124,25 @@ def close_job(parts: EngineParts, run_id: str, closure: Closure, epoch: int) -> 
     strategy.end_round()
     closure.summary = summarise(closure, parts.settings.claim_cap_multiple)
     closure.checkpoint = checkpoint(parts, run_id, closure.next_round, closure.finished, closure.summary,
-                                    epoch=epoch).data
+                                    epoch=epoch, loop=closure.loop_state).data
     return closure
 
 
+def loop_state(parts: EngineParts, run: RunState) -> dict[str, Any]:
+    """On the loop: the agents' highest privacy figures, and the norm medians the next rounds trust (so that a
+    restarted coordinator still clips a lone delta, or a lone site's mean, against them)."""
+    return {"privacy": parts.privacy.state_dict(),
+            "norms": {"updates": run.norm_gate.norms.carried(), "sites": run.site_gate.norms.carried()}}
+
+
 def checkpoint(parts: EngineParts, run_id: str, next_round: int, finished: bool,
-               last_summary: RoundSummary | None, *, epoch: int) -> Save:
-    """What resuming needs, and no more: its size does not grow with the run (the rounds log does)."""
-    return Save(CHECKPOINT, {
+               last_summary: RoundSummary | None, *, epoch: int, loop: dict[str, Any]) -> Save:
+    """What resuming needs, and no more: its size does not grow with the run (the rounds log does). ``loop``:
+    ``loop_state``, taken on the loop."""
+    return Save(CHECKPOINT, {**loop,
         "run_id": run_id, "epoch": epoch, "algorithm": parts.strategy.algorithm, "next_round": next_round,
         "finished": finished, "strategy": parts.strategy.state_dict(), "task": parts.task.state_dict(),
         "versions": parts.versions.state_dict(), "applied": parts.applied.state_dict(),
-        "privacy": parts.privacy.state_dict(),
         "last_summary": None if last_summary is None else last_summary.to_dict(),
         "central_dp": None if parts.central_ledger is None else parts.central_ledger.state_dict(),
     }, checkpoint=True)

@@ -40,6 +40,8 @@ class Closure:
     spilled_bytes: int = 0
     """Bytes of updates a robust rule kept in a memory-mapped file (past the memory budget)."""
     summary: RoundSummary | None = None
+    loop_state: dict[str, Any] = field(default_factory=dict)
+    """What the checkpoint keeps of state the loop goes on changing (``closing.loop_state``), taken on the loop."""
     checkpoint: dict[str, Any] | None = None
     """The run's checkpoint after this round: written by the driver (state file ``checkpoint``), off the
     loop, before the engine applies the closure."""

@@ -28,9 +28,11 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from coordinator.settings import MEDIAN_OF
+
 T = TypeVar("T")
 
-HOLD = 3
+HOLD = MEDIAN_OF
 """Deltas of a family held before its round's median is trusted (the median of 3 ignores one outlier)."""
 
 

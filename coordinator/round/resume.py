@@ -7,13 +7,15 @@ of another algorithm or task stops start-up rather than mixing two runs.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from coordinator.round import epochs
 from coordinator.round.actions import Resumed
-from coordinator.round.closing import begin_close, checkpoint
+from coordinator.round.closing import begin_close, checkpoint, loop_state
+from coordinator.round.norm_clip import NormGate, RoundNorms
 from coordinator.round.opening import begin
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
@@ -43,7 +45,8 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
     if saved.checkpoint is None:
         run.run_id = secrets.token_hex(6)
         epochs.restore(parts, run, saved.freshness, None)
-        parts.actions.add(checkpoint(parts, run.run_id, run.next_round, run.finished, None, epoch=run.epoch))
+        parts.actions.add(checkpoint(parts, run.run_id, run.next_round, run.finished, None, epoch=run.epoch,
+                                     loop=loop_state(parts, run)))
         log.info("new run %s (epoch %d): %s with %s, %d rounds", run.run_id, run.epoch, parts.strategy.algorithm,
                  parts.strategy.aggregator.describe(), parts.settings.rounds)
         return
@@ -63,11 +66,22 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
     parts.versions.load_state_dict(data.get("versions") or {})
     parts.applied.load_state_dict(data.get("applied") or {})  # since 2026-12
     parts.privacy.load_state_dict(data.get("privacy") or {})  # since 2026-12-03: a ledger's rollback outlives restarts
+    norms = data.get("norms") or {}  # since 2026-12-03: a lone delta after a restart is clipped as before it
+    run.norm_gate = NormGate(RoundNorms(0.0, trusted_norms(norms.get("updates") or {}, saved.where)))
+    run.site_gate = NormGate(RoundNorms(0.0, trusted_norms(norms.get("sites") or {}, saved.where)))
     _resume_ledger(parts, data.get("central_dp"), saved.where)
     parts.versions.record(parts.strategy.states, run.next_round)
     log.info("resumed run %s (epoch %d) at round %d from %s", run.run_id, run.epoch, run.next_round, saved.where)
     parts.actions.add(Resumed(run.last_summary))
     _resume_open_round(parts, run, saved.open_round)
+
+
+def trusted_norms(saved: dict[str, Any], where: object) -> dict[str, float]:
+    """A checkpoint's carried medians (family key -> norm), checked."""
+    if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               and v >= 0 for k, v in saved.items()):
+        raise ValueError(f"checkpoint in {where}: carried norms must map family keys to finite norms")
+    return {k: float(v) for k, v in saved.items()}
 
 
 def _resume_ledger(parts: EngineParts, state: dict[str, Any] | None, where: object) -> None:

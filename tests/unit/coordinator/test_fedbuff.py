@@ -29,7 +29,7 @@ def start(tmp_path: Path, agents: dict[str, str] | None = None, **overrides: obj
     """An async engine with ``agents`` (id: family; default a, b, c of family f) online and version 1 open."""
     clock = Clock()
     settings = {"mode": "async", "buffer_size": 2, "max_staleness": 2, "rounds": 6, "min_available_agents": 3,
-                "min_fit_agents": 1, **overrides}
+                "min_fit_agents": 1, "max_norm_ratio": 0, **overrides}  # buffers of 2 hold no median norm
     engine, outbox, metrics = make_engine(tmp_path, clock, **settings)
     for agent, family in (agents or {"a": "f", "b": "f", "c": "f"}).items():
         hello(engine, agent, family=family)
@@ -152,7 +152,7 @@ def test_a_restarted_coordinator_still_checks_stale_bases(tmp_path: Path) -> Non
         engine.tick(), engine.tick()
     v2 = state(outbox, 2).digest
     engine.store.save("open_round", {"run_id": "other"})  # resume into a fresh round, not the open one
-    restarted, outbox2, metrics2 = make_engine(tmp_path, clock, mode="async", buffer_size=2, max_staleness=2,
+    restarted, outbox2, metrics2 = make_engine(tmp_path, clock, mode="async", buffer_size=2, max_norm_ratio=0, max_staleness=2,
                                                rounds=6, min_available_agents=3, min_fit_agents=1)
     for agent in ("a", "b", "c"):
         hello(restarted, agent)
@@ -202,7 +202,7 @@ def test_an_applied_update_replayed_later_counts_once_across_restarts(tmp_path: 
     send(engine, original)  # the replay: one version stale, its base known
     assert "a" not in engine.open.updates and rejected(metrics, "duplicate") == 1
     engine.store.save("open_round", {"run_id": "other"})  # resume into a fresh round, not the open one
-    restarted, _, metrics2 = make_engine(tmp_path, clock, mode="async", buffer_size=2, max_staleness=2, rounds=6,
+    restarted, _, metrics2 = make_engine(tmp_path, clock, mode="async", buffer_size=2, max_norm_ratio=0, max_staleness=2, rounds=6,
                                          min_available_agents=3, min_fit_agents=1)
     for agent in ("a", "b", "c"):
         hello(restarted, agent)

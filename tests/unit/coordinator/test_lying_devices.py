@@ -87,7 +87,7 @@ def test_one_devices_control_delta_is_clipped_to_the_rounds_median_norm(tmp_path
 
 def test_fedbuff_defers_one_update_per_agent(tmp_path: Path) -> None:
     engine, _, metrics = make_engine(tmp_path, Clock(), mode="async", buffer_size=2, max_staleness=3, rounds=8,
-                                     min_available_agents=3, min_fit_agents=1)
+                                     min_available_agents=3, min_fit_agents=1, max_norm_ratio=0)
     for agent_id in "abc":
         hello(engine, agent_id)
     engine.tick()

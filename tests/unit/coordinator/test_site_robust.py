@@ -121,6 +121,6 @@ def test_a_site_with_too_few_updates_for_its_rule_counts_none_of_them(tmp_path: 
 
 def test_a_site_refuses_secure_aggregation_and_async_rounds_at_start(tmp_path: Path) -> None:
     for fields in ({"secure_aggregation": True, "aggregator": "mean", "max_norm_ratio": 0},
-                   {"mode": "async", "buffer_size": 2}):
+                   {"mode": "async", "buffer_size": 3}):
         with pytest.raises(ValidationError, match="site aggregator"):
             SiteSettings(federation="t", site_id="s1", state_dir=tmp_path, **fields)  # type: ignore[arg-type]
