@@ -319,6 +319,10 @@ class EdgeAgent:
         if current is not None and ann.run_id == current.run_id and ann.round < current.round:
             self._drop(self.topics.rounds_current, "stale", f"round {ann.round} after round {current.round}")
             return
+        if self._answered is not None and ann.run_id == self._answered[0] and ann.round < self._answered[1]:
+            # The progress file outlives a restart: a replayed older round must not train (and spend) again.
+            self._drop(self.topics.rounds_current, "stale", f"round {ann.round} after answering {self._answered[1]}")
+            return
         if time.time() > ann.issued_at + ann.deadline_s + EXPIRY_SLACK_S:
             self._drop(self.topics.rounds_current, "expired", f"round {ann.round} ended at {ann.issued_at + ann.deadline_s:.0f}")
             return

@@ -121,9 +121,14 @@ class SecureParticipant:
         key = ann.secure.sites[site].key if site is not None else None
         # A site's session is relayed by its site aggregator, whose key the root's signed announcement vouches for.
         self._relay_trust = Trust(single_key(site, PublicKey(key)), required=True) if site is not None and key else None
-        config = RoundConfig(ann.round, tuple(session.roster), session.n_params, session.graph_seed,
-                             session.degree, session.threshold, ann.secure.prg)
-        self.client = SecAggClient(self.agent_id, config)
+        try:
+            config = RoundConfig(ann.round, tuple(session.roster), session.n_params, session.graph_seed,
+                                 session.degree, session.threshold, ann.secure.prg)
+            self.client = SecAggClient(self.agent_id, config)
+        except ValueError as exc:  # a session no SecAgg+ round can run (a coordinator's bug, or another version's)
+            log.warning("round %d: not taking part in the secure round: %s", ann.round, exc)
+            self.client = None
+            return
         ad = self.client.advertise()
         self._send("advertise", SecureAdvertise(run_id=ann.run_id, round=ann.round, family=self.family, keys=AdvertisedKeys(
             agent_id=self.agent_id, encryption_key=ad.encryption_key, mask_key=ad.mask_key,
@@ -153,7 +158,8 @@ class SecureParticipant:
         if self.client is None or self.round != (message.run_id, message.round):  # type: ignore[attr-defined]
             return  # another round's, or a round this agent is not part of
         if isinstance(message, SecureKeys) and message.family == self.family:
-            self._guarded(lambda: self._share(message))
+            if self.client.stage == "share":  # a redelivered (QoS 1) or replayed copy after it: the first counted
+                self._guarded(lambda: self._share(message))
         elif isinstance(message, SecureInbox) and message.agent_id == self.agent_id:
             self._inbox = dict(message.bundles)
             self._guarded(self._maybe_mask)

@@ -107,7 +107,8 @@ class Reassembler:
             self._transfers[key] = transfer
             self._account(source, 1, 0)
         elif (chunk.count, chunk.total_bytes, chunk.digest) != (transfer.count, transfer.total_bytes, transfer.digest):
-            self._drop(key)
+            # This chunk goes, not the transfer: a transfer id is public (retained chunk topics can be read), so a
+            # chunk that disagrees would otherwise let anyone who may publish there void a genuine transfer.
             raise ProtocolError(Reason.BAD_CHUNK, "chunk disagrees with its transfer's header")
         if chunk.index in transfer.pieces:
             return None  # a QoS 1 redelivery

@@ -144,14 +144,17 @@ def test_chunks_over_the_declared_size_are_refused() -> None:
 
 
 @pytest.mark.parametrize("field", ["count", "total_bytes", "digest"])
-def test_a_chunk_that_disagrees_with_its_transfer_drops_it(field: str) -> None:
-    chunks = chunks_of(b"\x07" * 2000, 600)
+def test_a_chunk_that_disagrees_with_its_transfer_is_dropped_and_the_transfer_kept(field: str) -> None:
+    """A transfer id is public (retained chunk topics can be read): a disagreeing chunk must not void the transfer."""
+    payload = b"\x07" * 2000
+    chunks = chunks_of(payload, 600)
     changed = {"count": chunks[1].count + 1, "total_bytes": chunks[1].total_bytes + 1, "digest": "0" * 32}[field]
     reassembler = Reassembler()
     reassembler.add("a", chunks[0])
     with protocol_error(Reason.BAD_CHUNK):
         reassembler.add("a", chunks[1].model_copy(update={field: changed}))
-    assert reassembler.in_flight == 0
+    assert reassembler.in_flight == 1
+    assert [reassembler.add("a", c) for c in chunks[1:]][-1] == payload
 
 
 def test_too_many_transfers_in_flight() -> None:
