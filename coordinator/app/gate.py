@@ -43,7 +43,10 @@ LOGGED_SENDERS = 100
 """(sender, reason) pairs whose first drop here is logged; later ones are only counted."""
 SENDER_BACKLOG = "sender_backlog"
 """Reject reason: the sender already has as much queued as it may (``sender_bounds``)."""
-LANES = ("agent_status", "update")
+LANES = ("agent_status", "update", "partial", "site_roster", "secagg")
+CLEARED_BY_STRANGERS = "\x00cleared"
+"""The one sender all cleared statuses of ids not enrolled queue under (anyone may clear a retained status, and a
+made-up id per message would otherwise get a bound of its own each time)."""
 
 STATUS_BACKLOG = 32
 """Statuses one sender may have queued: an agent sends one per heartbeat (15 s by default) and one per change
@@ -54,12 +57,25 @@ SMALLEST_CHUNK_BYTES = 4096
 """The least ``max_message_bytes`` an agent may chunk with: the most chunks an update can come in."""
 
 
-def sender_bounds(max_update_bytes: int, max_status_bytes: int) -> dict[str, Bound]:
-    """Per lane, what one sender may have queued: honest agents stay far below, a flood on one topic is cut off."""
+PARTIAL_BACKLOG = 2 * 64
+"""Partials one site may have queued: one per family (at most 64) a round, two rounds' worth."""
+ROSTER_BACKLOG = 8
+"""Rosters one site may have queued: it sends one every ``roster_interval_s`` and one per change."""
+SECAGG_BACKLOG = 8
+"""Stage messages one agent may have queued: four stages a round, two rounds' worth."""
+
+
+def sender_bounds(max_update_bytes: int, max_status_bytes: int, max_roster_bytes: int = 64 << 20) -> dict[str, Bound]:
+    """Per lane, what one sender may have queued: honest senders stay far below, a flood on one topic is cut off."""
     chunks = math.ceil(max_update_bytes / (SMALLEST_CHUNK_BYTES - CHUNK_OVERHEAD_BYTES))
+    update_bytes = max_update_bytes + chunks * CHUNK_OVERHEAD_BYTES
     return {
         "agent_status": Bound(STATUS_BACKLOG, STATUS_BACKLOG * max_status_bytes),
-        "update": Bound(UPDATE_BACKLOG * chunks, UPDATE_BACKLOG * (max_update_bytes + chunks * CHUNK_OVERHEAD_BYTES)),
+        "update": Bound(UPDATE_BACKLOG * chunks, UPDATE_BACKLOG * update_bytes),
+        # A partial carries float64 sums of the delta (and SCAFFOLD's control delta): up to 4x an update's bytes.
+        "partial": Bound(PARTIAL_BACKLOG, 2 * 4 * update_bytes),
+        "site_roster": Bound(ROSTER_BACKLOG, ROSTER_BACKLOG * max_roster_bytes),
+        "secagg": Bound(SECAGG_BACKLOG, SECAGG_BACKLOG * update_bytes),
     }
 
 
@@ -138,6 +154,14 @@ class SenderGate:
             self.drop(parsed, payload, Reason.UNKNOWN_SIGNER.value, f"no key is enrolled for agent {agent_id}")
             return None
         return parsed
+
+    def sender_of(self, parsed: ParsedTopic, payload: bytes) -> str:
+        """Whom the inbox bounds ``parsed`` under: its agent id, or one shared sender for statuses that ids not
+        enrolled clear."""
+        agent_id = parsed.agent_id or ""
+        if parsed.kind == "agent_status" and not payload and self.enrolled is not None and agent_id not in self.enrolled:
+            return CLEARED_BY_STRANGERS
+        return agent_id
 
     def over_bound(self, parsed: ParsedTopic, payload: bytes, bound: Bound | None) -> None:
         """The inbox refused it: its sender has as much queued as it may."""

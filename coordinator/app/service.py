@@ -53,7 +53,8 @@ class CoordinatorService:
         # Queued per sender and served in turn; what no enrolled agent sent is dropped before queueing (gate.py).
         self._gate = SenderGate(parts.topics, self.metrics, parts.enrollment)
         self._inbox = FairInbox(INBOX_BYTES, sender_bounds(settings.max_update_bytes,
-                                                           parts.intake.status_limits.max_payload_bytes))
+                                                           parts.intake.status_limits.max_payload_bytes,
+                                                           parts.intake.roster_limits.max_payload_bytes))
         # Updates are opened (signature, decoding, norm) on a small pool, handed over in the inbox's order.
         self._openers = Openers(self._inbox, parts.intake.open)
         self._link: MqttLink | None = None
@@ -120,7 +121,7 @@ class CoordinatorService:
         parsed = self._gate.admit(topic, payload)
         kind = UPDATE if parsed is not None and parsed.kind == "update" else "message"
         if parsed is not None and not self._inbox.put((kind, topic, payload), len(payload),
-                                                      sender=parsed.agent_id or "", lane=parsed.kind):
+                                                      sender=self._gate.sender_of(parsed, payload), lane=parsed.kind):
             self._gate.over_bound(parsed, payload, self._inbox.bounds.get(parsed.kind))
 
     def _dispatch(self, item: tuple[str, object, object], opened: Opened | None = None) -> None:

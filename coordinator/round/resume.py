@@ -12,6 +12,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from coordinator.admission.task_agreement import fingerprint_of
 from coordinator.round import epochs
 from coordinator.round.actions import Resumed
 from coordinator.round.closing import begin_close, checkpoint, loop_state
@@ -19,6 +22,7 @@ from coordinator.round.norm_clip import NormGate, RoundNorms
 from coordinator.round.opening import begin
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
+from coordinator.state.checkpoint import CheckpointError
 from coordinator.state.rounds import OpenRound, RoundSummary
 from protocol.messages import RoundAnnouncement
 from protocol.wire import decode_message, encode_message
@@ -51,6 +55,7 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
                  parts.strategy.aggregator.describe(), parts.settings.rounds)
         return
     data = saved.checkpoint
+    check_fields(data, saved.where)
     if data["algorithm"] != parts.strategy.algorithm:
         raise ValueError(f"checkpoint in {saved.where} is a {data['algorithm']} run, not "
                          f"{parts.strategy.algorithm}; use another state_dir to start a new run")
@@ -59,10 +64,15 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
     run.next_round = int(data["next_round"])
     run.finished = bool(data["finished"])
     last = data.get("last_summary") or (data["history"][-1] if data.get("history") else None)  # format of 2026-11
-    run.last_summary = None if last is None else RoundSummary.from_dict(last)
+    try:
+        run.last_summary = None if last is None else RoundSummary.from_dict(last)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{saved.where}: last_summary is not a round summary ({exc}); move it away to start "
+                              f"a new run") from None
     parts.strategy.load_state_dict(data["strategy"])
     parts.task.load_state_dict(data.get("task") or {"name": "digits", "version": "1", "layouts": {}},  # format of 2026-11
                                saved.where)
+    check_states(parts, saved.where)
     parts.versions.load_state_dict(data.get("versions") or {})
     parts.applied.load_state_dict(data.get("applied") or {})  # since 2026-12
     parts.privacy.load_state_dict(data.get("privacy") or {})  # since 2026-12-03: a ledger's rollback outlives restarts
@@ -82,6 +92,34 @@ def trusted_norms(saved: dict[str, Any], where: object) -> dict[str, float]:
                and v >= 0 for k, v in saved.items()):
         raise ValueError(f"checkpoint in {where}: carried norms must map family keys to finite norms")
     return {k: float(v) for k, v in saved.items()}
+
+
+FIELD_TYPES: dict[str, tuple[type, ...]] = {"run_id": (str,), "algorithm": (str,), "next_round": (int,),
+                                           "finished": (bool,), "epoch": (int,), "strategy": (dict,)}
+
+
+def check_fields(data: dict[str, Any], where: object) -> None:
+    """The checkpoint's own fields, typed and in range (a bool is not a round number, "false" is not a flag)."""
+    for name, types in FIELD_TYPES.items():
+        value = data.get(name, 0 if name == "epoch" else None)
+        if not isinstance(value, types) or (types == (int,) and isinstance(value, bool)) or \
+                (name == "next_round" and value < 1) or (name == "epoch" and value < 0):
+            raise CheckpointError(f"{where}: field {name} is {value!r}, not a valid {types[0].__name__}; move it "
+                                  f"away to start a new run")
+
+
+def check_states(parts: EngineParts, where: object) -> None:
+    """Every family's state is finite floating arrays, laid out as the task pinned the family."""
+    for family, state in parts.strategy.states.items():
+        arrays = {**state.weights, **{f"control/{n}": a for n, a in state.control.items()}}
+        for name, array in arrays.items():
+            if not isinstance(array, np.ndarray) or array.dtype.kind not in "fiub" or \
+                    (array.dtype.kind == "f" and not np.isfinite(array).all()):
+                raise CheckpointError(f"{where}: {family}'s {name} is not a finite array; move it away to start a new run")
+        pinned = parts.task.layouts.get(family)
+        if state.weights and pinned is not None and fingerprint_of(state.weights) != pinned:
+            raise CheckpointError(f"{where}: {family}'s weights are not laid out as the task pinned ({pinned}); move "
+                                  f"it away to start a new run")
 
 
 def _resume_ledger(parts: EngineParts, state: dict[str, Any] | None, where: object) -> None:
@@ -118,7 +156,10 @@ def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] 
     # Past its deadline, the round still waits a grace period for the updates the broker queued
     # for us and those agents resend to the new session, rather than throw finished work away.
     remaining = max(remaining, grace)
-    run.open = OpenRound(announcement, payload, now + remaining, now - age, wanted,
-                         median_claim=saved.get("median_claim"))
+    median_claim = saved.get("median_claim")
+    if median_claim is not None and (isinstance(median_claim, bool) or not isinstance(median_claim, (int, float))
+                                     or not math.isfinite(median_claim) or median_claim < 0):
+        raise CheckpointError(f"the open round's median_claim is {median_claim!r}, not a claim; move open_round away")
+    run.open = OpenRound(announcement, payload, now + remaining, now - age, wanted, median_claim=median_claim)
     begin(parts, run)
     log.info("round %d was open at the restart: collecting for %.1fs more", announcement.round, remaining)

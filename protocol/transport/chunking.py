@@ -54,6 +54,10 @@ class _Transfer:
     total_bytes: int
     digest: str
     started: float
+    touched: int
+    """When its last chunk came, in chunks received (the least recently touched transfer is evicted first)."""
+    last: float
+    """When its last chunk came, by the clock (an idle transfer expires)."""
     pieces: dict[int, bytes] = field(default_factory=dict)
     size: int = 0
 
@@ -72,11 +76,17 @@ def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembl
 
 
 class Reassembler:
-    """Collects chunks per (source, transfer id); bounded in transfers, bytes and age."""
+    """Collects chunks per (source, transfer id); bounded in transfers, bytes, age and idleness.
+
+    When a bound is reached the least recently touched transfer makes room (a source's own, for its own
+    bounds): transfers left incomplete, on purpose or not, cannot keep out the ones still arriving. Served
+    fairly (the coordinator's inbox takes senders in turn), a transfer in progress is touched at least once
+    per turn, so it is never the least recently touched while others arrive."""
 
     def __init__(self, max_transfers: int = 64, max_bytes: int = 512 * 1024 * 1024,
                  timeout_s: float = 300.0, clock: Callable[[], float] = time.monotonic, *,
-                 max_transfers_per_source: int = 2, max_bytes_per_source: int | None = None) -> None:
+                 max_transfers_per_source: int = 2, max_bytes_per_source: int | None = None,
+                 idle_timeout_s: float = 60.0) -> None:
         self.max_transfers = max_transfers
         self.max_bytes = max_bytes
         self.max_transfers_per_source = max_transfers_per_source
@@ -84,9 +94,11 @@ class Reassembler:
         """Quotas per sender, so that made-up senders cannot take the slots and bytes honest ones need."""
         self._per_source: dict[str, tuple[int, int]] = {}
         self.timeout_s = timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self.clock = clock
         self._transfers: dict[tuple[str, str], _Transfer] = {}
         self._held_bytes = 0
+        self._received = 0
 
     def add(self, source: str, chunk: Chunk) -> bytes | None:
         """Store one chunk; return the whole payload once complete and verified.
@@ -95,15 +107,18 @@ class Reassembler:
         poison another's transfer.
         """
         self._expire()
+        self._received += 1
         key = (source, chunk.transfer_id)
         transfer = self._transfers.get(key)
         if transfer is None:
-            count, held = self._per_source.get(source, (0, 0))
-            if len(self._transfers) >= self.max_transfers or count >= self.max_transfers_per_source:
-                raise ProtocolError(Reason.BAD_CHUNK, f"too many transfers in flight (from {source}: {count})")
             if chunk.total_bytes > min(self.max_bytes, self.max_bytes_per_source):
                 raise ProtocolError(Reason.TOO_LARGE, f"transfer of {chunk.total_bytes} bytes")
-            transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, self.clock())
+            if self._per_source.get(source, (0, 0))[0] >= self.max_transfers_per_source:
+                self._evict(key, same_source=True)
+            if len(self._transfers) >= self.max_transfers:
+                self._evict(key)
+            now = self.clock()
+            transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, now, self._received, now)
             self._transfers[key] = transfer
             self._account(source, 1, 0)
         elif (chunk.count, chunk.total_bytes, chunk.digest) != (transfer.count, transfer.total_bytes, transfer.digest):
@@ -112,11 +127,19 @@ class Reassembler:
             raise ProtocolError(Reason.BAD_CHUNK, "chunk disagrees with its transfer's header")
         if chunk.index in transfer.pieces:
             return None  # a QoS 1 redelivery
-        held_by_source = self._per_source.get(source, (0, 0))[1]
-        if (transfer.size + len(chunk.data) > transfer.total_bytes or self._held_bytes + len(chunk.data) > self.max_bytes
-                or held_by_source + len(chunk.data) > self.max_bytes_per_source):
+        size = len(chunk.data)
+        if transfer.size + size > transfer.total_bytes:
             self._drop(key)
-            raise ProtocolError(Reason.TOO_LARGE, "chunks exceed their declared size or the sender's quota")
+            raise ProtocolError(Reason.TOO_LARGE, "chunks exceed their declared size")
+        while self._per_source.get(source, (0, 0))[1] + size > self.max_bytes_per_source and self._evict(key, True):
+            pass
+        while self._held_bytes + size > self.max_bytes and self._evict(key):
+            pass
+        if self._per_source.get(source, (0, 0))[1] + size > self.max_bytes_per_source or \
+                self._held_bytes + size > self.max_bytes:
+            self._drop(key)
+            raise ProtocolError(Reason.TOO_LARGE, "chunks exceed the sender's quota or what may be held")
+        transfer.touched, transfer.last = self._received, self.clock()
         transfer.pieces[chunk.index] = chunk.data
         transfer.size += len(chunk.data)
         self._held_bytes += len(chunk.data)
@@ -133,6 +156,9 @@ class Reassembler:
     def in_flight(self) -> int:
         return len(self._transfers)
 
+    def in_flight_of(self, source: str) -> int:
+        return self._per_source.get(source, (0, 0))[0]
+
     def _drop(self, key: tuple[str, str]) -> None:
         transfer = self._transfers.pop(key)
         self._held_bytes -= transfer.size
@@ -146,7 +172,18 @@ class Reassembler:
         else:
             self._per_source[source] = (count, held)
 
+    def _evict(self, keep: tuple[str, str], same_source: bool = False) -> bool:
+        """Drop the least recently touched transfer other than ``keep`` (of ``keep``'s source only, if
+        ``same_source``); False when there is none."""
+        others = [(t.touched, k) for k, t in self._transfers.items()
+                  if k != keep and (not same_source or k[0] == keep[0])]
+        if not others:
+            return False
+        self._drop(min(others)[1])
+        return True
+
     def _expire(self) -> None:
-        cutoff = self.clock() - self.timeout_s
-        for key in [k for k, t in self._transfers.items() if t.started < cutoff]:
+        now = self.clock()
+        for key in [k for k, t in self._transfers.items()
+                    if t.started < now - self.timeout_s or t.last < now - self.idle_timeout_s]:
             self._drop(key)

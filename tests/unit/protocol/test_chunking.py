@@ -157,19 +157,29 @@ def test_a_chunk_that_disagrees_with_its_transfer_is_dropped_and_the_transfer_ke
     assert [reassembler.add("a", c) for c in chunks[1:]][-1] == payload
 
 
-def test_too_many_transfers_in_flight() -> None:
+def test_a_new_transfer_past_the_slots_evicts_the_least_recently_touched() -> None:
+    """Transfers left incomplete (a liar's, or a device that died mid-send) cannot keep out the ones still coming."""
     reassembler = Reassembler(max_transfers=2)
     transfers = [chunks_of(bytes([i]) * 1000, 600) for i in range(3)]
     assert len(transfers[0]) == 3
     reassembler.add("a", transfers[0][0])
     reassembler.add("b", transfers[1][0])
-    with protocol_error(Reason.BAD_CHUNK):
-        reassembler.add("c", transfers[2][0])
-    # Chunks of transfers already in flight are still taken, and finishing one frees a slot.
-    assert reassembler.add("a", transfers[0][1]) is None
-    assert reassembler.add("a", transfers[0][2]) == bytes([0]) * 1000
-    assert reassembler.add("c", transfers[2][0]) is None
+    reassembler.add("a", transfers[0][1])  # a's is touched after b's
+    assert reassembler.add("c", transfers[2][0]) is None  # b's, the least recently touched, makes room
     assert reassembler.in_flight == 2
+    assert reassembler.add("a", transfers[0][2]) == bytes([0]) * 1000
+    assert [reassembler.add("c", c) for c in transfers[2][1:]][-1] == bytes([2]) * 1000
+    assert reassembler.add("b", transfers[1][1]) is None  # b's starts again: its first piece went
+    assert reassembler.in_flight == 1
+
+
+def test_a_source_past_its_own_slots_evicts_its_own_stalest_transfer() -> None:
+    reassembler = Reassembler(max_transfers_per_source=1)
+    old, new = chunks_of(b"o" * 1000, 600), chunks_of(b"n" * 1000, 600)
+    reassembler.add("b", chunks_of(b"b" * 1000, 600)[0])
+    reassembler.add("a", old[0])
+    assert [reassembler.add("a", c) for c in new][-1] == b"n" * 1000  # a's older transfer went, not b's
+    assert reassembler.in_flight == 1
 
 
 def test_a_transfer_over_max_bytes_is_refused_up_front() -> None:
@@ -179,19 +189,18 @@ def test_a_transfer_over_max_bytes_is_refused_up_front() -> None:
     assert reassembler.in_flight == 0
 
 
-def test_held_bytes_across_transfers_are_bounded() -> None:
+def test_held_bytes_across_transfers_are_bounded_by_evicting_the_least_recently_touched() -> None:
     reassembler = Reassembler(max_bytes=1200)
     first, second = chunks_of(b"x" * 1000, 600), chunks_of(b"y" * 1000, 600)
     piece = len(first[0].data)
     assert 3 * piece <= 1200 < 4 * piece
+    reassembler.add("b", second[0])
     for chunk in first[:2]:
         reassembler.add("a", chunk)
-    reassembler.add("b", second[0])
-    with protocol_error(Reason.TOO_LARGE):
-        reassembler.add("b", second[1])
-    # The refused transfer is dropped; the other one is untouched and completes.
-    assert reassembler.in_flight == 1
-    assert reassembler.add("a", first[2]) == b"x" * 1000
+    assert reassembler.add("a", first[2]) == b"x" * 1000  # b's piece made room
+    assert reassembler.in_flight == 0
+    with protocol_error(Reason.TOO_LARGE):  # what one transfer alone cannot fit is still refused
+        Reassembler(max_bytes=1200, max_bytes_per_source=1200).add("a", chunks_of(b"z" * 1300, 600)[0])
 
 
 def test_stale_transfers_expire() -> None:
@@ -214,12 +223,15 @@ def test_stale_transfers_expire() -> None:
     assert reassembler.in_flight == 0
 
 
-def test_expiry_frees_slots_for_new_transfers() -> None:
+def test_an_idle_transfer_expires_before_the_overall_timeout() -> None:
     clock = FakeClock()
-    reassembler = Reassembler(max_transfers=1, timeout_s=10.0, clock=clock)
-    reassembler.add("a", chunks_of(b"a" * 1000, 600)[0])
-    fresh = chunks_of(b"b" * 1000, 600)
-    with protocol_error(Reason.BAD_CHUNK):
-        reassembler.add("b", fresh[0])
-    clock.now += 11.0
-    assert [reassembler.add("b", c) for c in fresh] == [None] * (len(fresh) - 1) + [b"b" * 1000]
+    reassembler = Reassembler(timeout_s=300.0, idle_timeout_s=10.0, clock=clock)
+    chunks = chunks_of(b"a" * 2000, 600)
+    reassembler.add("a", chunks[0])
+    clock.now += 9.0
+    reassembler.add("a", chunks[1])  # progress: not idle
+    clock.now += 9.0
+    assert reassembler.in_flight == 1
+    clock.now += 2.0  # 11 s since its last chunk
+    reassembler.add("b", chunks_of(b"b" * 1000, 600)[0])
+    assert reassembler.in_flight == 1  # a's went idle and expired
