@@ -3,6 +3,7 @@ root's outbox and the sites' outgoing lists hold, handed over by the test."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +72,14 @@ def payload_of(agent_id: str, round_number: int, task: str) -> dict[str, np.ndar
     return {name: rng.standard_normal(a.shape).astype(np.float32) for name, a in weights(0.0).items()}
 
 
-def run_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None, rounds: int) -> None:  # type: ignore[no-untyped-def]
-    """``rounds`` rounds of every agent answering: through its site's aggregator, or (flat) to the root."""
+def plain_answer(announcement: RoundAnnouncement, agent_id: str, run_id: str) -> Update:
+    return answer(announcement, agent_id, run_id, payload_of(agent_id, announcement.round, announcement.task))
+
+
+def run_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None, rounds: int,  # type: ignore[no-untyped-def]
+               make: Callable[[RoundAnnouncement, str, str], Update] = plain_answer) -> None:
+    """``rounds`` rounds of every agent answering (``make`` builds each answer): through its site's aggregator, or
+    (flat) to the root."""
     for _ in range(rounds):
         root.tick()
         payload = outbox.last(TOPICS.rounds_current)
@@ -82,8 +89,7 @@ def run_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None, 
             if site is not None:
                 site.on_message(TOPICS.rounds_current, payload)  # down the bridge
             for agent_id in agents:
-                message = answer(announcement, agent_id, root.run.run_id,
-                                 payload_of(agent_id, announcement.round, announcement.task))
+                message = make(announcement, agent_id, root.run.run_id)
                 target = site if site is not None else root
                 target.on_message(TOPICS.update(agent_id, announcement.round), encode_message(message))
             if site is not None:

@@ -23,7 +23,7 @@ from tests.unit.coordinator.test_engine import LAYOUT, TOPICS, Clock, hello, mak
 from tests.unit.coordinator.test_secure_fedproto import FAMILIES, FEDPROTO
 from tests.unit.coordinator.test_secure_fedproto import SAMPLES as PROTO_SAMPLES
 from tests.unit.coordinator.test_secure_rounds import SECURE
-from tests.unit.coordinator.test_sites import SAMPLES, SITES, payload_of, setup, site_engine, tick_site
+from tests.unit.coordinator.test_sites import SAMPLES, SITES, payload_of, run_rounds, setup, site_engine, tick_site
 
 SCAFFOLD = {"algorithm": "scaffold"}
 
@@ -50,25 +50,7 @@ def scaffold_answer(announcement: RoundAnnouncement, agent_id: str, run_id: str,
 
 def run_scaffold_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None,  # type: ignore[no-untyped-def]
                         rounds: int) -> None:
-    for _ in range(rounds):
-        root.tick()
-        payload = outbox.last(TOPICS.rounds_current)
-        announcement = decode_message(payload, RoundAnnouncement)
-        for site_id, agents in SITES.items():
-            site = sites[site_id] if sites else None
-            if site is not None:
-                site.on_message(TOPICS.rounds_current, payload)
-            for agent_id in agents:
-                message = scaffold_answer(announcement, agent_id, root.run.run_id)
-                target = site if site is not None else root
-                target.on_message(TOPICS.update(agent_id, announcement.round), encode_message(message))
-            if site is not None:
-                _, out = tick_site(site)
-                assert out, f"site {site_id} published nothing"
-                for topic, partial in out:
-                    root.on_message(topic, partial)
-        root.tick()
-        assert root.last_summary is not None and root.last_summary.outcome == "completed", root.last_summary
+    run_rounds(root, outbox, sites, rounds, make=scaffold_answer)
 
 
 def test_scaffold_over_sites_equals_flat_scaffold_over_the_same_updates(tmp_path: Path) -> None:
@@ -135,13 +117,14 @@ def test_a_fedavg_partial_carries_no_control_fields_on_the_wire(tmp_path: Path) 
 
 
 # -- a site that lies, or runs an older build: the root's checks ------------------------------------------------
-def scaffold_federation(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """test_site_plain_attacks' federation (3 direct agents, sites s1 and s2 of one agent each, default bounds)
-    under SCAFFOLD, with round 2 (a delta round) open."""
-    clock = attacks.Clock()
-    root, outbox, metrics = attacks.make_engine(tmp_path, clock, rounds=3, quorum_fraction=0.5, **SCAFFOLD)
+def scaffold_root(tmp_path: Path, direct: tuple[str, ...] = tuple(attacks.DIRECT)):  # type: ignore[no-untyped-def]
+    """test_site_plain_attacks' federation under SCAFFOLD (default bounds): the ``direct`` agents and sites s1 and s2
+    of one agent each, which propose the first state with them; returns with round 2 (a delta round) open, the
+    direct agents' deltas (0.1) and control deltas (0.2) in."""
+    clock = Clock()
+    root, _, metrics = make_engine(tmp_path, clock, rounds=3, quorum_fraction=0.5, **SCAFFOLD)
     lay = attacks.layout(attacks.model(0.0))
-    for agent_id in attacks.DIRECT:
+    for agent_id in direct:
         root.on_message(TOPICS.agent_status(agent_id), encode_message(attacks.status(agent_id, lay)))
     for site, agents in attacks.SITE_AGENTS.items():
         roster = attacks.SiteRoster(site_id=site, started_at=1.0, seq=1, present=list(agents),
@@ -149,16 +132,18 @@ def scaffold_federation(tmp_path: Path):  # type: ignore[no-untyped-def]
         root.on_message(TOPICS.site_roster(site), encode_message(roster))
     root.tick()
     zero = {k: np.zeros_like(v) for k, v in attacks.model(0.0).items()}
-    for agent_id in attacks.DIRECT:
+    for agent_id in direct:
         msg = attacks.update(root, agent_id, 10, weights=attacks.model(1.0), control_delta=zero)
         root.on_message(TOPICS.update(agent_id, 1), encode_message(msg))
     for site, agents in attacks.SITE_AGENTS.items():
-        attacks.send_partial(root, attacks.partial(root, site, {a: AgentOutcome(outcome="straggler") for a in agents}))
+        accepted = {a: AgentOutcome(outcome="accepted", samples=10, weight=10.0) for a in agents}
+        attacks.send_partial(root, attacks.partial(root, site, accepted, proposal=attacks.model(1.0),
+                                                   proposal_control=zero))
     root.tick()
-    assert root.last_summary.outcome == "completed", root.last_summary
+    assert root.last_summary.round == 1 and root.last_summary.outcome == "completed", root.last_summary
     root.tick()
     assert root.open.number == 2
-    for agent_id in attacks.DIRECT:
+    for agent_id in direct:
         msg = attacks.update(root, agent_id, 10, delta=attacks.model(0.1), control_delta=attacks.model(0.2))
         root.on_message(TOPICS.update(agent_id, 2), encode_message(msg))
     return root, metrics, clock
@@ -169,7 +154,7 @@ def site_sums(value: float, samples: int = 10) -> dict[str, np.ndarray]:
 
 
 def test_a_partial_without_control_sums_is_refused_and_the_scaffold_round_completes(tmp_path: Path) -> None:
-    root, metrics, clock = scaffold_federation(tmp_path)
+    root, metrics, clock = scaffold_root(tmp_path)
     accepted = {"s1x": AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
     attacks.send_partial(root, attacks.partial(root, "s1", accepted, sums=site_sums(0.1), heaviest="s1x"))
     assert rejected(metrics, "bad_partial", "partial") == 1
@@ -179,7 +164,7 @@ def test_a_partial_without_control_sums_is_refused_and_the_scaffold_round_comple
 
 
 def test_a_sites_mean_control_delta_is_bounded_like_one_agents(tmp_path: Path) -> None:
-    root, metrics, clock = scaffold_federation(tmp_path)
+    root, metrics, clock = scaffold_root(tmp_path)
     accepted = {"s1x": AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
     attacks.send_partial(root, attacks.partial(root, "s1", accepted, sums=site_sums(0.1), heaviest="s1x",
                                                control_sums=site_sums(1e6)))
@@ -335,34 +320,12 @@ def test_a_site_lets_each_control_delta_go_once_folded(tmp_path: Path) -> None:
     assert all(not (u.delta or u.weights or u.control_delta) for u in site.round.open.updates.values())
 
 
-def sites_only(tmp_path: Path):  # type: ignore[no-untyped-def]
-    """A SCAFFOLD root with no direct agent (so no clip bound of its own) and sites s1 and s2 of one agent each,
-    after their bootstrap round; round 2 open."""
-    clock = Clock()
-    root, _, metrics = make_engine(tmp_path, clock, rounds=3, quorum_fraction=0.5, **SCAFFOLD)
-    lay = attacks.layout(attacks.model(0.0))
-    for site, agents in attacks.SITE_AGENTS.items():
-        roster = attacks.SiteRoster(site_id=site, started_at=1.0, seq=1, present=list(agents),
-                                    statuses=[attacks.status(a, lay) for a in agents])
-        root.on_message(TOPICS.site_roster(site), encode_message(roster))
-    root.tick()
-    zero = {k: np.zeros_like(v) for k, v in attacks.model(0.0).items()}
-    for site, agents in attacks.SITE_AGENTS.items():
-        accepted = {a: AgentOutcome(outcome="accepted", samples=10, weight=10.0) for a in agents}
-        attacks.send_partial(root, attacks.partial(root, site, accepted, proposal=attacks.model(1.0),
-                                                   proposal_control=zero))
-    root.tick()
-    assert root.last_summary.round == 1 and root.last_summary.outcome == "completed", root.last_summary
-    root.tick()
-    return root, metrics, clock
-
-
 def one_agent(site: str) -> dict[str, AgentOutcome]:
     return {attacks.SITE_AGENTS[site][0]: AgentOutcome(outcome="accepted", samples=10, weight=10.0)}
 
 
 def test_with_no_bound_of_its_own_the_root_bounds_each_site_by_the_sites_median(tmp_path: Path) -> None:
-    root, _, _ = sites_only(tmp_path)
+    root, _, _ = scaffold_root(tmp_path, direct=())
     attacks.send_partial(root, attacks.partial(root, "s1", one_agent("s1"), heaviest="s1x", sums=site_sums(50.0),
                                                control_sums=site_sums(1e6)))
     attacks.send_partial(root, attacks.partial(root, "s2", one_agent("s2"), heaviest="s2x", sums=site_sums(0.1),
@@ -376,7 +339,7 @@ def test_with_no_bound_of_its_own_the_root_bounds_each_site_by_the_sites_median(
 
 
 def test_a_sites_finite_sums_whose_mean_overflows_the_state_are_refused(tmp_path: Path) -> None:
-    root, metrics, clock = sites_only(tmp_path)
+    root, metrics, clock = scaffold_root(tmp_path, direct=())
     huge = {name: np.full(a.shape, 1e300) for name, a in site_sums(0.0).items()}  # finite in float64, not in float32
     attacks.send_partial(root, attacks.partial(root, "s1", one_agent("s1"), heaviest="s1x", sums=huge,
                                                control_sums=site_sums(0.2)))
