@@ -61,8 +61,7 @@ def restore(parts: EngineParts, run: RunState, saved: Saved) -> None:
                          f"{parts.strategy.algorithm}; use another state_dir to start a new run")
     run.run_id = data["run_id"]
     epochs.restore(parts, run, saved.freshness, data)
-    run.next_round = int(data["next_round"])
-    run.finished = bool(data["finished"])
+    run.next_round, run.finished = data["next_round"], data["finished"]  # typed by check_fields
     last = data.get("last_summary") or (data["history"][-1] if data.get("history") else None)  # format of 2026-11
     try:
         run.last_summary = None if last is None else RoundSummary.from_dict(last)

@@ -22,7 +22,7 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.running_mean import RunningMean, l2_norm, layout_key
 from coordinator.reasons import RejectReason
 from coordinator.round import applying
-from coordinator.round.norm_clip import RoundNorms, control_key
+from coordinator.round.norm_clip import RoundNorms, clipped, control_key
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import HeldSums, RunState
 from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
@@ -142,14 +142,12 @@ def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members:
                                                          partial.total_weight, partial.count, heaviest_of)
     except AggregationError as exc:
         return Reject(RejectReason.BAD_PARTIAL, exc.detail)
-    if any(not np.isfinite(s).all() for mean in means.values() for s in mean.sums.values()):
-        return Reject(RejectReason.BAD_PARTIAL, "sums are not finite")
     arrays = {"delta": state.weights, "control_delta": state.control}
-    for field_name, mean in means.items():  # finite float64 sums whose mean overflows the state fails the round
+    for field_name, mean in means.items():  # one pass: not finite, or finite float64 whose mean overflows the state
         for name, total in mean.sums.items():
             largest = float(np.abs(total).max(initial=0.0)) / partial.total_weight
             if not largest <= float(np.finfo(arrays[field_name][name].dtype).max):
-                return Reject(RejectReason.BAD_PARTIAL, f"{field_name} {name}'s mean does not fit "
+                return Reject(RejectReason.BAD_PARTIAL, f"{field_name} {name}'s mean is not finite in "
                                                         f"{arrays[field_name][name].dtype}")
     if parts.strategy.folds is None:
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
@@ -192,11 +190,12 @@ def _mean_norm(held: HeldSums, field_name: str) -> float:
 
 def _bound(run: RunState, held: HeldSums, field_name: str, limit: float | None) -> None:
     """``held``'s mean of ``field_name`` scaled to at most ``limit`` long (the site named in ``clipped_norms``)."""
-    size = _mean_norm(held, field_name)
-    if limit is None or size <= limit:
+    if limit is None:
         return
-    mean = held.means[field_name]
-    mean.sums = {name: s * (limit / size) for name, s in mean.sums.items()}
+    mean, size = held.means[field_name], _mean_norm(held, field_name)
+    mean.sums, was_clipped = clipped(mean.sums, size * held.total_weight, limit * held.total_weight)
+    if not was_clipped:
+        return
     assert run.open is not None
     if held.site not in run.open.clipped_norms:
         run.open.clipped_norms.append(held.site)
