@@ -136,6 +136,10 @@ class FairInbox:
         return self._bytes
 
     @property
+    def queued_messages(self) -> int:
+        return self._count
+
+    @property
     def senders(self) -> int:
         """Senders with something queued."""
         return len(self._turns)
