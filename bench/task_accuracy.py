@@ -19,8 +19,10 @@ Measured on mnist-5k (test accuracy; every row seed 0 unless said; 2026-12-02):
 - Dirichlet 0.1: FedAvg 95.70; SCAFFOLD 95.00 with local momentum 0.9 and 50 local steps (2026-12-03; 91.30
   at momentum 0 and 25 steps, 69.70 with 2 local epochs). With the coordinator's default norm clip alone
   (each delta and control delta cut to the round's median norm, claims uncapped: the ``-clipped`` rows,
-  2026-12-03): SCAFFOLD 93.90 with its largest fall after round 10 5.8 points (20.2 unclipped), FedAvg
-  91.80. FedAvg with
+  2026-12-03): SCAFFOLD 94.00 with its largest fall after round 10 7.4 points (20.2 unclipped), FedAvg
+  92.50 (1.0). These rows are reproducible since the norm gate holds a round's whole cohort for the median
+  (the same curves in three runs); before, the bound rested on whichever three updates came first, and the
+  same configuration gave 93.90 and 95.10. FedAvg with
   the coordinator's default bounds on influence 84.20, 82.00 in the full run below (see ``LEARNING_BOUNDS``).
 - The whole table, one command (``--task mnist-5k``), 2026-12-02: 1,599 s on 2 cores shared with other
   work. Centralised 97.60; FedAvg IID 96.70 / 93.70 / 91.00 (cnn_large / cnn_small / mlp_tiny);

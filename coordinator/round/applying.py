@@ -16,7 +16,7 @@ from coordinator.admission.intake import Refused, UpdateIn
 from coordinator.admission.view import AdmissionView
 from coordinator.aggregation.running_mean import l2_norm, with_norm
 from coordinator.reasons import RejectReason
-from coordinator.round.norm_clip import clipped, control_key
+from coordinator.round.norm_clip import clipped, control_key, held_size
 from coordinator.round.notifying import notify, watch_duplicates
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
@@ -144,7 +144,8 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
     if accept.norm is None:
         _fold(parts, run, update, accept.weight)
     else:  # deltas are clipped against the round's median norm, once there is one
-        for (held, weight), bound in run.norm_gate.admit(update.family, (update, accept.weight), accept.norm):
+        for (held, weight), bound in run.norm_gate.admit(update.family, (update, accept.weight), accept.norm,
+                                                           held_size(update)):
             _fold(parts, run, held, weight, bound)
     record = parts.registry.get(update.agent_id)
     _privacy_reported(parts, update.agent_id, record.status.device if record else "other", update.privacy,

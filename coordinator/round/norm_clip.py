@@ -7,10 +7,14 @@ deltas grow with it, and a reference that followed them would ratchet up. An upd
 never rejected, for its size: an honest agent whose delta grew because the model was pushed still
 counts, at most ``ratio`` times the median.
 
-The median needs a few values to mean anything: the first ``HOLD`` deltas of a family in a round
-are held (a few models' worth of memory, whatever the fleet's size) and folded once that many
-arrived, or when the round closes; later deltas are clipped as they arrive against the median of
-all the family's norms so far (a running median: two heaps, O(log n) per delta). Of an even count
+The median needs a few values to mean anything: the first deltas of a family in a round are held
+and folded once the family's cohort (its agents selected for the round) arrived, or at most
+``HOLD_MAX`` of them or a memory budget's worth, but at least ``HOLD``; or when the round closes.
+Later deltas are clipped as they arrive against the median of all the family's norms so far (a
+running median: two heaps, O(log n) per delta). Holding a small round's whole cohort makes every
+delta's bound the median of the whole round whatever order the updates came in: with only the
+first ``HOLD`` held, the bound depended on which agents answered first, and the same run trained
+another model each time it ran. Past ``HOLD_MAX`` norms, which ones came first barely moves it. Of an even count
 the lower middle value is taken: with two deltas, the larger (perhaps an attacker's) sets nothing.
 A round that closes with fewer than ``HOLD`` deltas of a family clips them against the lower of its
 own median and the last median that did rest on ``HOLD`` or more: one attacker alone in a round
@@ -29,11 +33,15 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from coordinator.settings import MEDIAN_OF
+from protocol.messages import Update
 
 T = TypeVar("T")
 
 HOLD = MEDIAN_OF
 """Deltas of a family held before its round's median is trusted (the median of 3 ignores one outlier)."""
+
+HOLD_MAX = 32
+"""The most deltas of a family held for its cohort's median (holding more would delay folding in large rounds)."""
 
 
 class RunningMedian:
@@ -102,6 +110,11 @@ def control_key(family: str) -> str:
     return f"{family}/control"
 
 
+def held_size(update: Update) -> int:
+    """What holding ``update`` for the round's median costs: its decoded arrays (a compressed upload unpacks)."""
+    return sum(a.nbytes for part in (update.delta, update.control_delta) for a in part.values())
+
+
 def clipped(delta: Mapping[str, np.ndarray], norm: float, bound: float | None) -> tuple[dict[str, np.ndarray], bool]:
     """``delta`` scaled to at most ``bound`` (float arrays only; integer buffers are not averaged anyway)."""
     if bound is None or norm <= bound or not math.isfinite(norm) or norm == 0:
@@ -115,19 +128,32 @@ class NormGate(Generic[T]):
     """One round's clipping: the norms seen per family, and the accepted updates held until a median exists."""
 
     norms: RoundNorms
+    cohorts: Mapping[str, int] = field(default_factory=dict)
+    """Per family, the round's selected agents: their deltas are held (up to ``HOLD_MAX``) until all came."""
+    hold_bytes: int = 0
+    """Past this many bytes of a family's held deltas, the gate stops waiting for the rest of the cohort."""
     held: dict[str, list[tuple[T, float]]] = field(default_factory=dict)
+    _held_bytes: dict[str, int] = field(default_factory=dict)
 
-    def admit(self, family: str, item: T, norm: float) -> list[tuple[T, float | None]]:
-        """Note ``item``'s norm; what may be folded now, each with the bound to clip it to."""
+    def admit(self, family: str, item: T, norm: float, size: int = 0) -> list[tuple[T, float | None]]:
+        """Note ``item``'s norm (``size``: its bytes); what may be folded now, each with the bound to clip it to."""
         self.norms.observe(family, norm)
-        if not self.norms.ready(family):
+        if not self.norms.ready(family) or (family in self.held and self._waits_for_cohort(family, size)):
             self.held.setdefault(family, []).append((item, norm))
+            self._held_bytes[family] = self._held_bytes.get(family, 0) + size
             return []
+        self._held_bytes.pop(family, None)
         bound = self.norms.bound(family)
         return [(held, bound) for held, _ in self.held.pop(family, [])] + [(item, bound)]
+
+    def _waits_for_cohort(self, family: str, size: int) -> bool:
+        seen = len(self.held[family]) + 1
+        return (seen < min(self.cohorts.get(family, 0), HOLD_MAX)
+                and self._held_bytes.get(family, 0) + size <= self.hold_bytes)
 
     def release(self) -> list[tuple[T, float | None]]:
         """The round closes: everything still held, against the median of what arrived."""
         out = [(item, self.norms.bound(family)) for family, items in self.held.items() for item, _ in items]
         self.held.clear()
+        self._held_bytes.clear()
         return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -246,7 +247,9 @@ class SiteEngine:
                                median_claim=float(statistics.median_low(claims)) if claims else None)
         self.payloads.announcement = announcement
         self._mine_now = None
-        self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio, self.rule)
+        cohorts = Counter(r.status.family for a in announcement.selected if (r := self.registry.get(a)) is not None)
+        self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio, self.rule,
+                                     cohorts, self.settings.aggregation_memory_mb * 1024**2)
         held = announcement.secure.sites.get(self.settings.site_id) if announcement.secure is not None else None
         if held is not None:  # the round's secure sessions of this site's agents are served here (secure.py)
             self.round.secure = SiteSecureRound(announcement, held, self.topics, now, age, deadline)

@@ -17,6 +17,7 @@ agent of the site the round selected has an outcome: accepted, rejected (with it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +26,7 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.aggregator import Aggregator
 from coordinator.aggregation.running_mean import Layout, RunningMean, l2_norm, layout_key
 from coordinator.reasons import RejectReason
-from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key
+from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key, held_size
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.state.rounds import OpenRound
 from protocol.digest import digest_arrays
@@ -59,8 +60,11 @@ class SiteRound:
 
     @classmethod
     def start(cls, open_round: OpenRound, clip_norm: float | None, max_norm_ratio: float,
-              rule: Aggregator | None = None) -> SiteRound:
-        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio)), rule=rule)
+              rule: Aggregator | None = None, cohorts: Mapping[str, int] | None = None,
+              hold_bytes: int = 0) -> SiteRound:
+        """``cohorts``: per family, the site's agents the round selected (the gate holds their deltas until all
+        came, within ``hold_bytes``: ``norm_clip.py``)."""
+        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio), cohorts or {}, hold_bytes), rule=rule)
 
     def accept(self, update: Update, samples: int, weight: float, norm: float | None) -> None:
         """An update admission accepted, counted for ``samples`` at ``weight`` (the policy's factor)."""
@@ -84,7 +88,8 @@ class SiteRound:
             if norm is None:
                 self._fold(update, share, None)
                 return
-            for (held, held_share), bound in self.norm_gate.admit(update.family, (update, share), norm):
+            for (held, held_share), bound in self.norm_gate.admit(update.family, (update, share), norm,
+                                                                      held_size(update)):
                 self._fold(held, held_share, bound)
 
     def reject(self, agent_id: str, reason: str) -> None:

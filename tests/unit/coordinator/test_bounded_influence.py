@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coordinator.round.norm_clip import HOLD, NormGate, RoundNorms, RunningMedian, clipped
+from coordinator.round.norm_clip import HOLD, HOLD_MAX, NormGate, RoundNorms, RunningMedian, clipped
 from coordinator.telemetry.evaluation import federated_metrics
 from protocol.messages import TrainMetrics, Update
 from tests.task_refs import DIGITS
@@ -107,3 +107,53 @@ def test_of_two_claims_the_lower_sets_the_round_s_claim_median(tmp_path: Path) -
     hello(engine, "a", samples=10), hello(engine, "b", samples=10**6)
     engine.tick()
     assert engine.run.open is not None and engine.run.open.median_claim == 10
+
+
+def _state_after_a_clipped_round(tmp_path: Path, order: list[str], **overrides: object) -> np.ndarray:
+    """Seven agents; in round 2 three send deltas of 0.1 a value and four of 0.5: the weights it ends with."""
+    from tests.unit.coordinator.test_engine import send, update, weights
+
+    agents = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
+    engine, _, _ = make_engine(tmp_path, Clock(), max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7,
+                               min_fit_agents=7, **overrides)
+    for agent_id in agents:
+        hello(engine, agent_id)
+    engine.tick()
+    for agent_id in agents:
+        send(engine, update(engine, agent_id, 1))
+    engine.tick(), engine.tick()
+    for agent_id in order:
+        size = 0.1 if agent_id.startswith("s") else 0.5
+        send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
+    engine.tick()
+    assert engine.run.next_round == 3
+    return engine.strategy.states["f"].weights["w"].copy()
+
+
+def test_the_clip_bound_is_the_whole_round_s_median_whatever_order_the_deltas_come_in(tmp_path: Path) -> None:
+    """The median of all seven norms is a large delta's: nothing is clipped, in either order. Holding only the
+    first HOLD, small deltas first clipped three of the large ones to the small ones' norm (a step of 0.16 rather
+    than 0.33: the next test): the same run's model depended on who answered first."""
+    small_first = _state_after_a_clipped_round(tmp_path / "a", ["s1", "s2", "s3", "l1", "l2", "l3", "l4"])
+    large_first = _state_after_a_clipped_round(tmp_path / "b", ["l1", "l2", "l3", "l4", "s1", "s2", "s3"])
+    np.testing.assert_allclose(small_first, large_first, rtol=1e-6)
+    np.testing.assert_allclose(small_first, 1.0 + (3 * 0.1 + 4 * 0.5) / 7, rtol=1e-6)  # first state 1.0, no clip
+
+
+def test_a_cohort_over_the_memory_budget_is_held_only_to_hold(tmp_path: Path) -> None:
+    """With no memory for holding, the bound is the running median once HOLD deltas are in: small ones first, the
+    first three large ones are clipped to 0.1 a value (the median is a small one's) and the last is not (the low
+    median of seven is a large one's), so that a round of many large updates does not hold them all."""
+    small_first = _state_after_a_clipped_round(tmp_path, ["s1", "s2", "s3", "l1", "l2", "l3", "l4"],
+                                               aggregation_memory_mb=0)
+    np.testing.assert_allclose(small_first, 1.0 + (6 * 0.1 + 0.5) / 7, rtol=1e-6)
+
+
+def test_the_gate_holds_a_family_s_cohort_up_to_hold_max_or_its_memory() -> None:
+    gate: NormGate[int] = NormGate(RoundNorms(1.0), {"f": 5, "g": 1, "h": 10**6, "m": 10**6}, hold_bytes=1000)
+    assert [gate.admit("f", i, float(i)) for i in range(4)] == [[]] * 4
+    assert gate.admit("f", 4, 4.0) == [(i, 2.0) for i in range(5)]  # all five, against their median
+    assert gate.admit("f", 5, 9.0) == [(5, 2.0)]  # then each as it comes (the low median of six)
+    assert [gate.admit("g", i, 1.0) for i in range(HOLD)][-1] != []  # a cohort under HOLD still waits for HOLD
+    assert all(gate.admit("h", i, 1.0) == [] for i in range(HOLD_MAX - 1)) and len(gate.admit("h", 0, 1.0)) == HOLD_MAX
+    assert [len(gate.admit("m", i, 1.0, size=300)) for i in range(5)] == [0, 0, 0, 4, 1]  # a fourth: 1,200 bytes

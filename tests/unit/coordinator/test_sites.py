@@ -102,10 +102,11 @@ def run_rounds(root: EngineDriver, outbox, sites: dict[str, SiteEngine] | None, 
         assert root.last_summary.outcome == "completed", root.last_summary
 
 
-def setup(tmp_path: Path, name: str, with_sites: bool, **overrides: object):  # type: ignore[no-untyped-def]
+def setup(tmp_path: Path, name: str, with_sites: bool, site_overrides: dict[str, object] | None = None,  # type: ignore[no-untyped-def]
+          **overrides: object):
     clock = Clock()
     root, outbox, metrics = make_engine(tmp_path / name, clock, **{**PLAIN_MEAN, **overrides})
-    sites = {s: site_engine(tmp_path / name, s, clock) for s in SITES} if with_sites else None
+    sites = {s: site_engine(tmp_path / name, s, clock, **(site_overrides or {})) for s in SITES} if with_sites else None
     for site_id, agents in SITES.items():
         for agent_id in agents:  # flat: each status to the root; with sites, to the site, whose roster goes up
             hello(sites[site_id] if sites else root, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
@@ -279,3 +280,25 @@ def test_a_site_judges_what_it_held_when_the_round_closes(tmp_path: Path) -> Non
     (_, sent), = tick_site(site)[1]
     assert set(decode_message(sent, PartialAggregate).outcomes) == {"b1"} and len(site.held) == 0
     assert site.metrics.registry.get_sample_value("fl_updates_total", {"outcome": "rejected"}) == 1
+
+
+def test_a_site_clips_against_its_whole_cohort_s_median_whatever_order_its_agents_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """s3's agents send deltas of 0.1 (c1, c2) and 0.5 (c3, c4) a value; the site clips to its median norm. Held
+    for the whole cohort, the bound is 0.1's norm in either order; holding only the first three, the large ones
+    first set a bound of 0.5's and nothing was clipped."""
+    def make(announcement: RoundAnnouncement, agent_id: str, run_id: str) -> Update:
+        if announcement.round == 1:
+            return plain_answer(announcement, agent_id, run_id)
+        size = 0.5 if agent_id in ("c3", "c4") else 0.1
+        return answer(announcement, agent_id, run_id, {k: np.full_like(v, size) for k, v in weights(0).items()})
+
+    states = []
+    for name, order in (("forward", ["c1", "c2", "c3", "c4"]), ("backward", ["c4", "c3", "c2", "c1"])):
+        monkeypatch.setitem(SITES, "s3", order)
+        root, outbox, _, sites = setup(tmp_path, name, with_sites=True, site_overrides={"max_norm_ratio": 1.0})
+        run_rounds(root, outbox, sites, 3, make)  # the bootstrap round, the delta round, the evaluation
+        states.append(decode_message(outbox.last(TOPICS.global_state("f", 3)), GlobalState).weights["w"])
+    np.testing.assert_array_equal(states[0], states[1])
+    total = sum(SAMPLES.values())  # every delta 0.1 a value: at s3 clipped to it, at s1 and s2 sent so
+    np.testing.assert_allclose(states[0], 1.0 + 0.1 * total / total, rtol=1e-6)
