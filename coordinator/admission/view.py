@@ -52,6 +52,9 @@ class AgentsView(Protocol):
     def family_of(self, agent_id: str) -> str | None:
         """The family its last status named; None: never heard of it."""
 
+    def spent(self, agent_id: str) -> bool:
+        """Whether its DP budget is spent: it is not selected to train."""
+
     def refusal(self, agent_id: str, now: float) -> str | None:
         """Why a status of this agent cannot be recorded now (the registry is full of live agents), or None."""
 

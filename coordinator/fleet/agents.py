@@ -100,6 +100,11 @@ class AgentRegistry:
         record = self._agents.get(agent_id)
         return None if record is None else record.status.family
 
+    def spent(self, agent_id: str) -> bool:
+        """Whether its DP budget is spent (by its own word, or because its ledger went back): it trains no more."""
+        record = self._agents.get(agent_id)
+        return record is not None and record.status.state == "budget_exhausted"
+
     def observe(self, status: AgentStatus, now: float) -> Observation:
         """Record ``status`` and say how it differs from the previous one; raises RegistryFull
         (a bug: admission asks :meth:`refusal` first).

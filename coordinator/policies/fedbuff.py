@@ -85,6 +85,9 @@ class FedBuffPolicy(RoundPolicy):
                                                   f"(at most {self.max_staleness})")
         if view.agents.family_of(update.agent_id) is None:
             return Reject(RejectReason.UNKNOWN_AGENT, "no status was ever received from it")
+        if view.agents.spent(update.agent_id):  # every available agent is selected: a spent one is not available
+            return Reject(RejectReason.UNSELECTED, "its privacy budget is spent (or its ledger went back): it trains "
+                                                   "no more")
         applied = view.applied.newest(update.agent_id)
         if applied is not None and update.round <= applied:  # a replay, or a copy of one already in a buffer
             return Reject(RejectReason.DUPLICATE, f"an update of version {applied} was already applied")

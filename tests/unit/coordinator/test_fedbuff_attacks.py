@@ -1,6 +1,7 @@
 """FedBuff against the threat model (found in review): a late joiner cannot overflow a robust rule's rows, a replay
 between buffers cannot crowd out its agent's genuine update, buffers too small for a median norm are refused at
-start-up, and the carried median survives a restart (a lone delta is still clipped)."""
+start-up, the carried median survives a restart (a lone delta is still clipped), and an agent whose privacy budget
+is spent trains no more in async mode either."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from coordinator.settings import CoordinatorSettings
+from protocol.messages import PrivacySpent
 from tests.unit.coordinator.test_engine import hello, make_engine, rejected, send, update, weights
 from tests.unit.coordinator.test_fedbuff import start, state
 
@@ -96,3 +98,19 @@ def test_a_lone_delta_is_clipped_by_the_carried_median_across_a_restart(tmp_path
     clock.now += 11
     engine.tick(), engine.tick()
     assert np.max(np.abs(state(outbox, 4).weights["w"] - before)) <= 0.5 + 1e-4
+
+
+def test_an_agent_whose_budget_is_spent_counts_in_no_later_buffer(tmp_path: Path) -> None:
+    """Every available agent trains in async mode; one whose last update said its budget is spent is not available,
+    and an update it sends anyway (a buggy or lying device) is refused, not folded."""
+    engine, _, metrics, _ = start(tmp_path, agents=dict.fromkeys("abcd", "f"))
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick(), engine.tick()
+    spent = PrivacySpent(epsilon=3.0, delta=1e-5, budget_epsilon=3.0, exhausted=True)
+    send(engine, update(engine, "a", 2, privacy=spent))  # its last: counted
+    assert "a" in engine.open.updates
+    send(engine, update(engine, "c", 2))
+    engine.tick(), engine.tick()
+    assert engine.open.number == 3 and "a" not in engine.open.selected
+    send(engine, update(engine, "a", 3, privacy=spent))
+    assert "a" not in engine.open.updates and rejected(metrics, "unselected") == 1
