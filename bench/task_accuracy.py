@@ -23,7 +23,8 @@ Measured on mnist-5k (test accuracy; every row seed 0 unless said; 2026-12-02):
   92.50 (1.0). These rows are reproducible since the norm gate holds a round's whole cohort for the median
   (the same curves in three runs); before, the bound rested on whichever three updates came first, and the
   same configuration gave 93.90 and 95.10. FedAvg with
-  the coordinator's default bounds on influence 84.20, 82.00 in the full run below (see ``LEARNING_BOUNDS``).
+  the coordinator's default bounds on influence 81.00 in two runs (84.20 and 82.00 before the change; see
+  ``LEARNING_BOUNDS``).
 - The whole table, one command (``--task mnist-5k``), 2026-12-02: 1,599 s on 2 cores shared with other
   work. Centralised 97.60; FedAvg IID 96.70 / 93.70 / 91.00 (cnn_large / cnn_small / mlp_tiny);
   Dir(0.5): FedAvg 94.70, SCAFFOLD 94.30; Dir(0.1): FedAvg 95.70, FedProx 95.20, SCAFFOLD 91.30 (its
