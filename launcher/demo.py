@@ -368,8 +368,11 @@ def demo(
         raise typer.BadParameter(f"unknown device(s) {', '.join(unknown) or '(none)'}", param_hint="--devices")
     if secure and aggregator != AggregatorKind.mean:
         raise typer.BadParameter("secure aggregation releases only sums: it needs --aggregator mean", param_hint="--secure")
-    if sites and (algorithm.value not in ("fedavg", "fedprox", "scaffold") or aggregator != AggregatorKind.mean):
-        raise typer.BadParameter("site aggregators fold fedavg, fedprox or scaffold under the mean", param_hint="--sites")
+    if sites and aggregator != AggregatorKind.mean:
+        raise typer.BadParameter("the demo's site aggregators fold under the mean", param_hint="--sites")
+    if sites and secure and algorithm.value == "fedproto":
+        raise typer.BadParameter("site aggregators fold fedproto in the clear only (a secure round's one FedProto "
+                                 "session spans every family)", param_hint="--sites")
     try:
         parse_delay(stragglers, "cpu")
     except ValueError as exc:

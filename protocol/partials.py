@@ -83,6 +83,11 @@ class PartialAggregate(Message):
     proposal_control: Arrays = Field(default_factory=dict, max_length=4096)
     """SCAFFOLD's bootstrap round: the control delta the agreed proposers sent with ``proposal``, byte for byte.
     Omitted when empty."""
+    prototype_sums: Array | None = None
+    """FedProto: per class, the sum over the site's accepted agents of count x prototype (``<f8`` [classes, dim]; under
+    a robust rule, the rule's per-class result x ``prototype_counts``). Omitted when None."""
+    prototype_counts: Array | None = None
+    """FedProto: per class, the samples behind ``prototype_sums`` (``<i8`` [classes]). Omitted when None."""
     ring_sum: Array | None = None
     """A secure partial (the round's ``SecureSetup.sites`` gave the site sessions): the unmasked ring sum of the site's
     SecAgg+ session of this family (uint32, n_params), which the root reads back as it reads its own sessions' sums.
@@ -97,8 +102,9 @@ class PartialAggregate(Message):
     def _without_optional(self, handler: SerializerFunctionWrapHandler) -> dict:
         """Fields a plain FedAvg partial does not use stay off the wire (its bytes are as before they existed)."""
         out = handler(self)
-        if self.ring_sum is None:
-            out.pop("ring_sum", None)
+        for name in ("ring_sum", "prototype_sums", "prototype_counts"):
+            if getattr(self, name) is None:
+                out.pop(name, None)
         for name in ("control_sums", "proposal_control"):
             if not getattr(self, name):
                 out.pop(name, None)
@@ -107,10 +113,13 @@ class PartialAggregate(Message):
     @model_validator(mode="after")
     def _check(self) -> PartialAggregate:
         accepted = [o for o in self.outcomes.values() if o.outcome == "accepted"]
+        prototypes = self.prototype_sums is not None
+        if prototypes != (self.prototype_counts is not None):
+            raise PydanticCustomError("schema", "prototype_sums and prototype_counts travel together")
         if self.ring_sum is not None:
             if (self.ring_sum.dtype.str != "<u4" or self.ring_sum.ndim != 1 or any(o.weight for o in accepted)
                     or self.count != len(accepted) or self.sums or self.integers or self.proposal
-                    or self.control_sums or self.proposal_control):
+                    or self.control_sums or self.proposal_control or prototypes):
                 raise PydanticCustomError("schema", "a secure partial carries a uint32 ring sum only, and counts every "
                                                     "accepted agent, each without a weight")
             return self
@@ -125,8 +134,11 @@ class PartialAggregate(Message):
             raise PydanticCustomError("schema", "proposal_control travels with a proposal")
         if self.proposal:
             if self.sums or self.integers or self.control_sums or self.heaviest is not None or \
-                    self.base_digest is not None:
+                    self.base_digest is not None or prototypes:
                 raise PydanticCustomError("schema", "a bootstrap proposal travels without sums or a base")
+            return self
+        if prototypes:
+            self._check_prototypes()
             return self
         if self.control_sums and not self.sums:
             raise PydanticCustomError("schema", "control_sums travel beside sums")
@@ -144,3 +156,12 @@ class PartialAggregate(Message):
             raise PydanticCustomError("schema", "heaviest names an accepted agent when the count is positive")
         return self
 
+    def _check_prototypes(self) -> None:
+        sums, counts = self.prototype_sums, self.prototype_counts
+        assert sums is not None and counts is not None
+        if sums.dtype.str != "<f8" or sums.ndim != 2 or counts.dtype.str != "<i8" or counts.shape != sums.shape[:1]:
+            raise PydanticCustomError("schema", "prototype sums are <f8 [classes, dim] with <i8 [classes] counts")
+        if (counts < 0).any() or ((counts == 0) & (sums != 0).any(axis=1)).any():
+            raise PydanticCustomError("schema", "prototype counts are non-negative, and a class counted 0 sums to 0")
+        if self.count == 0 or self.sums or self.integers or self.heaviest is not None or self.control_sums:
+            raise PydanticCustomError("schema", "prototype sums travel alone, with a positive count")

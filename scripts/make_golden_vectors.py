@@ -318,6 +318,13 @@ def _partial(v: Vectors, base_digest: str, delta: dict[str, np.ndarray]) -> None
     control = {n: s * np.asarray(-0.25, s.dtype) for n, s in sums.items()}
     v.message("partial_scaffold", partial.model_copy(update={"control_sums": control}), TOPICS.partial(SITE, 3),
               False, "partial.msgpack in a SCAFFOLD round: control_sums (float64 weight x control delta) beside sums.")
+    proto_sums = np.zeros((3, 4), "<f8")
+    proto_sums[0], proto_sums[2] = 120 * 0.5, 40 * -0.25  # class 0: 120 samples at 0.5; class 2: 40 at -0.25
+    fedproto = partial.model_copy(update={"sums": {}, "integers": {}, "heaviest": None, "prototype_sums": proto_sums,
+                                          "prototype_counts": np.array([120, 0, 40], "<i8")})
+    v.message("partial_fedproto", fedproto, TOPICS.partial(SITE, 3), False,
+              "partial.msgpack in a FedProto round: per class, float64 sums of count x prototype and the int64 counts "
+              "(3 classes, 4 dimensions; class 1 held by none), and no sums.")
     site_key = SigningKey(Ed25519PrivateKey.from_private_bytes(SITE_SEED))
     v.message("partial_signed", site_key.seal(partial_bytes), TOPICS.partial(SITE, 3), False,
               "partial.msgpack in a Signed envelope made with the test site key (enrolled at the root like an agent).",

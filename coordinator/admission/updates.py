@@ -9,12 +9,14 @@ and, with KL weighting, its label-skew factor (floored for rare classes' holders
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from coordinator.admission.decisions import Accept, Decision, Reject
 from coordinator.admission.view import AdmissionView, UpdatePolicy
 from coordinator.aggregation.running_mean import l2_norm
 from coordinator.reasons import RejectReason
+from protocol.errors import Reason
 from protocol.messages import Update
 from protocol.topics import ParsedTopic
 
@@ -32,6 +34,12 @@ def admit_update(topic: ParsedTopic, update: Update, view: AdmissionView, policy
         decision = replace(decision, samples=cap)
     if update.delta:
         decision = replace(decision, norm=l2_norm(update.delta))
+    # Finite float64 values near the limit can have a norm that overflows: no bound scales such a delta and no sum
+    # holds it (one such update failed its round for everyone).
+    if decision.norm is not None and not math.isfinite(decision.norm):
+        return Reject(Reason.NON_FINITE, "its delta's L2 norm overflows float64")
+    if update.control_delta and not math.isfinite(l2_norm(update.control_delta)):
+        return Reject(Reason.NON_FINITE, "its control_delta's L2 norm overflows float64")
     if view.weighting == "kl" and update.task == "train":
         decision = replace(decision, weight=decision.weight * view.labels.weight_factor(update.agent_id,
                                                                                           view.kl_temperature))

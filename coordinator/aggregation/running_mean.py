@@ -68,7 +68,8 @@ def l2_norm(arrays: NamedArrays) -> float:
             continue
         flat = array.reshape(-1)
         if flat.dtype == np.float64:
-            total += float(np.dot(flat, flat))
+            with np.errstate(over="ignore"):  # finite values near the limit: an infinite norm, which admission refuses
+                total += float(np.dot(flat, flat))
             continue
         if scratch is None:  # per call, not shared: workers take norms concurrently
             scratch = np.empty(min(NORM_BLOCK, max(a.size for a in arrays.values())), np.float64)

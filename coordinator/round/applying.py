@@ -8,6 +8,7 @@ was refused.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -133,8 +134,8 @@ def _accept(parts: EngineParts, run: RunState, inbound: UpdateIn, accept: Accept
         m.staleness.observe(accept.staleness)
         parts.applied.record(update.agent_id, update.round)
     residual = update.metrics.extra.get("ef_residual_norm")
-    if residual is not None:
-        m.residual_norm.set(residual)
+    if residual is not None and math.isfinite(residual) and residual >= 0 and run.open.announcement.compression != "none":
+        m.residual_norm.set(residual)  # the agent's own word, for a gauge: at least a norm, and of a run that compresses
     run.open.bytes_in += inbound.size
     m.updates.labels("accepted").inc()
     run.open.updates[update.agent_id] = update  # answered; replaced by what the strategy keeps once folded

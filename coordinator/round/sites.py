@@ -29,7 +29,7 @@ from coordinator.round.secure_sites import check_secure_partial, expected, fold_
 from protocol.errors import Reason
 from protocol.fields import TaskRef
 from protocol.messages import Task, TrainMetrics, Update
-from protocol.partials import PartialAggregate
+from protocol.partials import AgentOutcome, PartialAggregate
 
 log = logging.getLogger("coordinator.round.engine")
 
@@ -53,6 +53,11 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         problem = check_secure_partial(partial, session)
         if problem is None and partial.count:
             problem = fold_secure_partial(parts, run.open, partial, set(accepted))
+        if problem is not None:
+            refuse(parts, run, site, problem)
+            return
+    elif partial.prototype_sums is not None:  # FedProto's per-class sums
+        problem = _fold_prototypes(parts, partial, accepted)
         if problem is not None:
             refuse(parts, run, site, problem)
             return
@@ -161,6 +166,31 @@ def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members:
         run.site_gate.norms.observe(control_key(partial.family), _mean_norm(held, "control_delta"))
     for item, bound in run.site_gate.admit(partial.family, held, _mean_norm(held, "delta")):
         _fold_held(parts, run, item, bound)
+    return None
+
+
+def _fold_prototypes(parts: EngineParts, partial: PartialAggregate, accepted: dict[str, AgentOutcome]) -> Reject | None:
+    """A site's FedProto sums to the strategy; why they cannot be, or None. Shaped as the task's prototypes, counting
+    no more samples than the agents the site accepted were counted for, and with a finite float32 mean per class:
+    one lying site moves a class's prototype by no more than its agents' samples would."""
+    sums, counts = partial.prototype_sums, partial.prototype_counts
+    assert sums is not None and counts is not None
+    card = parts.task.card
+    if sums.shape != (card.num_classes, card.embedding_dim):
+        return Reject(RejectReason.BAD_PARTIAL, f"prototype sums are {list(sums.shape)}, the task's prototypes "
+                                                f"[{card.num_classes}, {card.embedding_dim}]")
+    samples = sum(o.samples for o in accepted.values())
+    if int(counts.sum()) > samples:
+        return Reject(RejectReason.BAD_PARTIAL, f"prototype counts sum to {int(counts.sum())}, more than the {samples} "
+                                                f"samples its accepted agents were counted for")
+    held = counts > 0
+    with np.errstate(all="ignore"):
+        largest = float(np.abs(sums[held] / counts[held, None]).max(initial=0.0))
+    if not largest <= float(np.finfo(np.float32).max):
+        return Reject(RejectReason.BAD_PARTIAL, "its prototypes' mean is not finite in float32")
+    if not parts.strategy.accumulate_site_prototypes(sums, counts):
+        return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.algorithm} takes no prototype sums, or not of this "
+                                                f"shape")
     return None
 
 

@@ -24,12 +24,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-import numpy as np
-
 from coordinator.admission.decisions import Accept, Forget, Observe, Reject
 from coordinator.admission.intake import Intake, Refused, StatusCleared, StatusIn, UpdateIn
 from coordinator.admission.statuses import admit_status
-from coordinator.admission.task_agreement import TaskAgreement, fingerprint_of
+from coordinator.admission.task_agreement import TaskAgreement
 from coordinator.admission.updates import admit_update
 from coordinator.admission.view import AdmissionView
 from coordinator.aggregation.aggregator import build_aggregator
@@ -40,13 +38,13 @@ from coordinator.reasons import RejectReason
 from coordinator.round.secure_session import TOPIC_STAGE
 from coordinator.sites.folding import SiteRound
 from coordinator.sites.held import HeldUpdates
+from coordinator.sites.payloads import FOLDED, SitePayloads
 from coordinator.sites.roster import RosterBook
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.sites.settings import SiteSettings
 from coordinator.state.applied import AppliedVersions
 from coordinator.state.rounds import OpenRound
 from coordinator.state.versions import VersionLog
-from coordinator.strategies.scaffold import check_control_names
 from coordinator.telemetry.heterogeneity import LabelSkew
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from coordinator.telemetry.rejects import RejectLog
@@ -67,55 +65,9 @@ log = logging.getLogger(__name__)
 ANNOUNCEMENT_LIMITS = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
 RESYNC_LIMITS = DecodeLimits(max_payload_bytes=4 * 1024 * 1024, max_array_elements=1, max_total_elements=1)
 Outgoing = list[tuple[str, bytes]]
-FOLDED = ("fedavg", "fedprox", "scaffold")
-"""The algorithms whose plain updates a site folds (not FedProto's prototypes: its agents' updates are refused,
-``site_unsupported``, and the root counts them rejected)."""
 SETTLE_S = 1.0
 """After a (re)connect, the round closes only at its deadline for this long: the broker is replaying the retained
 statuses, and a round whose known agents all answered may still have agents whose status is on its way."""
-
-
-class SitePayloads:
-    """The strategy's payload checks, against the announcement (the site holds no global state): the base an
-    update names must be the announced state's digest; a family without one bootstraps (weights). The delta's
-    layout is checked by the task agreement, against the fingerprint the round announced for its family."""
-
-    def __init__(self) -> None:
-        self.announcement: RoundAnnouncement | None = None
-
-    def check_update(self, update: Update) -> Reject | None:
-        assert self.announcement is not None
-        if self.announcement.algorithm not in FOLDED and update.task == "train":
-            return Reject(RejectReason.SITE_UNSUPPORTED, f"a site aggregator does not fold "
-                                                         f"{self.announcement.algorithm}'s plain updates")
-        ref = self.announcement.states.get(update.family)
-        if ref is None:
-            if not update.weights:
-                return Reject(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
-            return self._check_control(update, update.weights)
-        if update.base_digest != ref.digest:
-            return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {ref.digest}")
-        if not update.delta:
-            return Reject(RejectReason.MISSING_PAYLOAD, "a training update must carry a delta")
-        return self._check_control(update, update.delta)
-
-    def _check_control(self, update: Update, model: dict[str, np.ndarray]) -> Reject | None:
-        """SCAFFOLD's control delta: present, and laid out as the announced server variate (a bootstrap's, named
-        and shaped like parameters of the weights it sent; the root's majority settles which)."""
-        assert self.announcement is not None
-        if self.announcement.algorithm != "scaffold" or update.task != "train":
-            return None
-        if not update.control_delta:
-            return Reject(RejectReason.MISSING_PAYLOAD, "a scaffold update must carry a control_delta")
-        expected = self.announcement.control_layouts.get(update.family)
-        if update.family not in self.announcement.states:
-            return check_control_names(update.control_delta, model, "control_delta")
-        if expected is None or fingerprint_of(update.control_delta) != expected:
-            return Reject(RejectReason.BAD_SHAPE, f"control_delta's layout is not the announced {expected}")
-        return None
-
-    def check_delta(self, update: Update) -> Reject | None:
-        return self.check_update(update)
 
 
 class SiteEngine:
@@ -129,7 +81,7 @@ class SiteEngine:
         self.root_trust = OPEN if coordinator_key is None else Trust(single_key("coordinator", coordinator_key), True)
         self.registry = AgentRegistry(settings.agent_timeout_s, settings.max_known_agents)
         self.task = TaskAgreement(settings.task_card())
-        self.payloads, self.policy = SitePayloads(), SynchronousPolicy()
+        self.payloads, self.policy = SitePayloads(self.task.card), SynchronousPolicy()
         aggregator = build_aggregator(settings)
         self.rule = aggregator if aggregator.needs_individual_updates else None
         """A robust rule applied inside the site at each close (``folding.py``); None: the mean, folded as updates come."""
@@ -169,7 +121,13 @@ class SiteEngine:
         elif isinstance(inbound, UpdateIn):
             self._update(inbound)
         elif isinstance(inbound, Refused):
-            self.rejects.record(inbound.kind, inbound.reject.reason.value, inbound.sender, inbound.reject.detail)
+            reject = inbound.reject
+            if reject.reason is RejectReason.COMPRESSION_MISMATCH and inbound.kind == "update":
+                reject = Reject(RejectReason.SITE_UNSUPPORTED, "a site aggregator does not unpack compressed deltas "
+                                                               "(it holds no global state): run the root uncompressed")
+                if self.round is not None and inbound.sender in self.round.open.selected_set:
+                    self.round.reject(inbound.sender, reject.reason.value)  # counted rejected at the root, not late
+            self.rejects.record(inbound.kind, reject.reason.value, inbound.sender, reject.detail)
         return []
 
     def connected(self) -> None:
@@ -254,10 +212,18 @@ class SiteEngine:
         if held is not None:  # the round's secure sessions of this site's agents are served here (secure.py)
             self.round.secure = SiteSecureRound(announcement, held, self.topics, now, age, deadline)
         self.next_round = announcement.round
-        if announcement.algorithm not in FOLDED and announcement.task == "train" and held is None:
-            log.warning("site %s: round %d runs %s, whose updates a site aggregator does not fold: its agents' "
+        unfolded = announcement.algorithm not in FOLDED or (announcement.algorithm == "fedproto"
+                                                            and announcement.secure is not None)
+        if unfolded and announcement.task == "train" and held is None:
+            log.warning("site %s: round %d runs %s%s, whose updates a site aggregator does not fold: its agents' "
                         "updates are refused (site_unsupported); connect them to the root's broker instead",
-                        self.settings.site_id, announcement.round, announcement.algorithm)
+                        self.settings.site_id, announcement.round, announcement.algorithm,
+                        " securely" if announcement.secure is not None else "")
+        if announcement.compression != "none" and held is None:
+            log.warning("site %s: round %d asks agents to compress (%s), which a site aggregator does not unpack: "
+                        "their compressed updates are refused here (site_unsupported), uncompressed ones folded; run "
+                        "the root with compression none", self.settings.site_id, announcement.round,
+                        announcement.compression)
         log.info("site %s: round %d open, %d of its agents selected, closing in %.1fs", self.settings.site_id,
                  announcement.round, len(self._mine()), deadline - now)
         self._release(lambda inbound: not self._waiting(inbound.update))

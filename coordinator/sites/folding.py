@@ -29,6 +29,7 @@ from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key, held_size
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.state.rounds import OpenRound
+from coordinator.strategies.fedproto import aggregate_prototypes, prototype_sums
 from protocol.digest import digest_arrays
 from protocol.messages import Update
 from protocol.partials import AgentOutcome, PartialAggregate
@@ -55,6 +56,8 @@ class SiteRound:
     """family -> the (delta, control delta) layouts of its first folded update: the others must match (``_fold``)."""
     kept: dict[str, list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray]]]] = field(default_factory=dict)
     """Under ``rule``: family -> (agent, its delta and control delta after the norm gate), for the close."""
+    prototypes: dict[str, list[tuple[str, np.ndarray, np.ndarray]]] = field(default_factory=dict)
+    """FedProto: family -> (agent, its prototypes, its counts scaled to the samples it was counted for)."""
     secure: SiteSecureRound | None = None
     """The round's secure sessions of this site's agents (``secure.py``), when the announcement gives it some."""
 
@@ -78,7 +81,13 @@ class SiteRound:
             outcome="accepted", samples=samples, weight=share, eval_accuracy=m.eval_accuracy, eval_loss=m.eval_loss,
             num_eval_samples=m.num_eval_samples)
         self.open.updates[update.agent_id] = update.model_copy(update={"delta": {}, "weights": {}, "control_delta": {}})
-        if update.weights:  # SCAFFOLD's proposers agree on their control delta too, as at the root
+        if self.open.announcement.algorithm == "fedproto":  # prototypes only: weights or a delta sent beside are not
+            if share > 0 and update.prototypes is not None and update.prototype_counts is not None:  # read (as root)
+                counts = update.prototype_counts  # scaled as the root scales a capped claim's (``applying._claiming``)
+                if samples < update.num_samples:
+                    counts = np.floor(counts * (samples / update.num_samples)).astype(counts.dtype)
+                self.prototypes.setdefault(update.family, []).append((update.agent_id, update.prototypes, counts))
+        elif update.weights:  # SCAFFOLD's proposers agree on their control delta too, as at the root
             digest = digest_arrays([("weights", update.weights), ("control_delta", update.control_delta)])
             votes = self.proposals.setdefault(update.family, {})
             votes.setdefault(digest, (update, []))[1].append(update.agent_id)
@@ -153,7 +162,9 @@ class SiteRound:
                 if agreed is not None:
                     fields.update(proposal=dict(agreed.weights), proposal_control=dict(agreed.control_delta))
             mean = self.means.get(family)
-            if ref is not None and self.rule is not None:
+            if family in self.prototypes:
+                fields.update(self._prototype_sums(family))
+            elif ref is not None and self.rule is not None:
                 fields.update(self._robust(family, outcomes))
             elif ref is not None and mean is not None and mean.count:
                 assert mean.heaviest is not None
@@ -167,6 +178,18 @@ class SiteRound:
                 total_weight=sum(o.weight for o in accepted), count=sum(1 for o in accepted if o.weight > 0),
                 outcomes=outcomes, bytes_in=self.bytes_in, **fields))
         return out
+
+    def _prototype_sums(self, family: str) -> dict:
+        """FedProto's partial fields: per class, the sum of count x prototype over the family's agents, exact in
+        float64 for the mean; under a robust rule the rule's per-class result x the class's count."""
+        kept = sorted(self.prototypes[family], key=lambda item: item[0])
+        prototypes, counts = [p for _, p, _ in kept], [c for _, _, c in kept]
+        if self.rule is None:
+            sums, totals = prototype_sums(prototypes, counts)
+        else:
+            merged, totals = aggregate_prototypes(self.rule.unclipped, prototypes, counts)
+            sums = merged.astype("<f8") * totals[:, None]
+        return {"prototype_sums": sums, "prototype_counts": totals.astype("<i8")}
 
     def _agreed(self, family: str, outcomes: dict[str, AgentOutcome]) -> Update | None:
         """An update of the proposal a strict majority of the site's proposers of ``family`` sent; the others are

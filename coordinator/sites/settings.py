@@ -35,8 +35,9 @@ class SiteSettings(CoordinatorSettings):
 
     @model_validator(mode="after")
     def _site_can_fold(self) -> SiteSettings:
-        if self.mode != "sync" or self.algorithm not in ("fedavg", "fedprox", "scaffold") or self.secure_aggregation:
-            raise ValueError("a site aggregator folds synchronous rounds of fedavg, fedprox or scaffold (not mode "
+        if self.mode != "sync" or self.algorithm not in ("fedavg", "fedprox", "scaffold", "fedproto") or \
+                self.secure_aggregation:
+            raise ValueError("a site aggregator folds synchronous rounds of fedavg, fedprox, scaffold or fedproto (not mode "
                              f"{self.mode}, {self.algorithm}, secure_aggregation {self.secure_aggregation}: secure "
                              "aggregation is the root's setting, and a site serves the sessions its announcements give it)")
         if 3 * self.roster_interval_s > self.agent_timeout_s:

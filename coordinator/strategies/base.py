@@ -175,6 +175,11 @@ class Strategy(ABC):
         counts for ``members`` (``protocol.secagg.prototype_vector``). False for a strategy without prototypes."""
         return False
 
+    def accumulate_site_prototypes(self, sums: np.ndarray, counts: np.ndarray) -> bool:
+        """Take in a site's FedProto partial: per class, the sum of count x prototype and the count over its agents.
+        False for a strategy without prototypes, or sums not shaped as the global prototypes."""
+        return False
+
     def end_round(self) -> None:
         """Let the round's folded sums and stored rows go (a spill file is deleted)."""
         for rows in (self.rows, self.proposals):

@@ -70,6 +70,19 @@ def aggregate_prototypes(aggregator: AggregateFn, prototypes: Sequence[np.ndarra
     return merged, totals
 
 
+def prototype_sums(prototypes: Sequence[np.ndarray], counts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, the float64 sum of count x prototype and the int64 total count: the mean's numerator and
+    denominator, which a site sends up and the root adds over sites and its own agents (``merge_secure_sums``)."""
+    if not prototypes or len(prototypes) != len(counts):
+        raise ValueError(f"{len(prototypes)} prototype arrays for {len(counts)} count arrays")
+    sums = np.zeros(prototypes[0].shape, np.float64)
+    totals = np.zeros(prototypes[0].shape[0], np.int64)
+    for rows, n in zip(prototypes, counts, strict=True):
+        sums += rows.astype(np.float64) * n.astype(np.float64)[:, None]
+        totals += n.astype(np.int64)
+    return sums, totals
+
+
 def merge_secure_sums(families: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Per class, the count-weighted mean from secure rounds' sums (``sum_i n_ic p_ic``, ``sum_i n_ic`` per family,
     capped counts, within the grid's step): the plain rule's result where every agent's claim was capped alike.
@@ -110,6 +123,8 @@ class FedProto(Strategy):
         self.counts: np.ndarray | None = None
         self.secure_sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         """This round's unmasked (prototype sums, counts) per family, in count units (a secure round)."""
+        self.site_sums: list[tuple[np.ndarray, np.ndarray]] = []
+        """This round's sites' (prototype sums, counts), beside the prototypes of the agents that answered here."""
 
     def scheduled_lambda(self, round_number: int) -> float:
         """``lambda * min(1, (round - 1) / warmup_rounds)``: zero in round 1 (no global prototypes
@@ -144,6 +159,7 @@ class FedProto(Strategy):
                     spill_dir: Path | None = None) -> None:
         super().begin_round(capacity, memory_budget_bytes=memory_budget_bytes, spill_dir=spill_dir)
         self.secure_sums = {}
+        self.site_sums = []
 
     def accumulate_prototype_sums(self, family: str, sums: np.ndarray, counts: np.ndarray, members: set[str]) -> bool:
         if self.prototypes is not None and sums.shape != self.prototypes.shape:
@@ -152,16 +168,23 @@ class FedProto(Strategy):
         self.secure_sums[family] = (sums, counts)
         return True
 
+    def accumulate_site_prototypes(self, sums: np.ndarray, counts: np.ndarray) -> bool:
+        if self.prototypes is not None and sums.shape != self.prototypes.shape:
+            return False
+        self.site_sums.append((sums, counts))
+        return True
+
     def aggregate(self, round_number: int, updates: Sequence[Update],
                   population: Mapping[str, int] | None = None) -> list[Dropped]:
-        group, dropped = sorted(updates, key=lambda u: u.agent_id), []  # arrival order must not matter
+        # arrival order must not matter; agents a site counted stand in without prototypes (its sums hold theirs)
+        group = sorted((u for u in updates if u.prototypes is not None), key=lambda u: u.agent_id)
+        dropped: list[Dropped] = []
         if self.secure_sums:
             fresh, fresh_counts = merge_secure_sums(list(self.secure_sums.values()))
         else:
-            if self.prototypes is None:
+            if self.prototypes is None and group:
                 group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
-            fresh, fresh_counts = aggregate_prototypes(
-                self.aggregator.unclipped, [u.prototypes for u in group], [u.prototype_counts for u in group])  # type: ignore[misc]
+            fresh, fresh_counts = self._merge(group)
         if self.normalize:
             fresh = normalize_rows(fresh, fresh_counts)
         self.prototypes, self.counts = self._mix(fresh, fresh_counts)
@@ -169,6 +192,27 @@ class FedProto(Strategy):
         self._publish_for(families, round_number + 1)
         report_drift(round_number, updates)
         return dropped
+
+    def _merge(self, group: Sequence[Update]) -> tuple[np.ndarray, np.ndarray]:
+        """The round's prototypes: the rule over the agents that answered here; with sites, that group's sums (exact
+        under the mean) added to the sites' and divided once: the count-weighted mean across groups, which for the
+        mean equals the flat rule over every agent."""
+        prototypes = [u.prototypes for u in group]
+        counts = [u.prototype_counts for u in group]
+        if not self.site_sums:
+            return aggregate_prototypes(self.aggregator.unclipped, prototypes, counts)  # type: ignore[arg-type]
+        groups = list(self.site_sums)
+        if group and not self.aggregator.needs_individual_updates:
+            groups.append(prototype_sums(prototypes, counts))  # type: ignore[arg-type]
+        elif group:
+            merged, totals = aggregate_prototypes(self.aggregator.unclipped, prototypes, counts)  # type: ignore[arg-type]
+            groups.append((merged.astype(np.float64) * totals[:, None], totals))
+        shape = groups[-1][0].shape  # the agents' here (their majority's), else the sites' (checked against the task)
+        kept = [g for g in groups if g[0].shape == shape]
+        if len(kept) < len(groups):
+            log.warning("%d site prototype sums are not shaped %s like the agents' here: left out",
+                        len(groups) - len(kept), list(shape))
+        return merge_secure_sums(kept)
 
     def _mix(self, fresh: np.ndarray, fresh_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Server momentum: ``m * old + (1 - m) * fresh`` where both exist; otherwise whichever does."""

@@ -49,7 +49,9 @@ def _check(packed: Packed) -> None:
     check_values(packed, ("i", (1,)), dense=True)
     assert packed.scale is not None  # PackedArray checked that the extras it declares travel
     dtype = np.dtype(packed.dtype)
-    if not (dtype.type(packed.scale) > 0 and _int8_decodes_finite(packed.scale, dtype)):
+    with np.errstate(over="ignore"):  # a scale past the dtype's range casts to inf: refused just below
+        positive = dtype.type(packed.scale) > 0
+    if not (positive and _int8_decodes_finite(packed.scale, dtype)):
         raise bad("schema", "int8 scale {x} is 0 or 127 * scale overflows {d}", x=packed.scale, d=packed.dtype)
     if packed.values.size and int(packed.values.min()) < -INT8_LEVELS:
         raise bad("schema", "int8 values must lie in [-127, 127]")

@@ -1,6 +1,7 @@
 """A root coordinator on one Mosquitto, a site broker bridged to it, one site aggregator and two agents at the site:
 agents' updates and statuses stay on the site broker, the site's roster and partial aggregates cross the bridge,
-and rounds complete: under FedAvg, and under SCAFFOLD, whose control deltas the site sums beside the deltas."""
+and rounds complete: under FedAvg, under SCAFFOLD, whose control deltas the site sums beside the deltas, and under
+FedProto, whose prototypes it sums per class."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ FEDERATION = "sites"
 ROUNDS = 2
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "scaffold", "fedproto"])
 def test_two_rounds_through_a_site_aggregator_behind_a_bridge(tmp_path: Path, mosquitto: MosquittoBroker,
                                                               recorder: WireRecorder, algorithm: str) -> None:
     site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
@@ -64,10 +65,16 @@ def test_two_rounds_through_a_site_aggregator_behind_a_bridge(tmp_path: Path, mo
     partials = [decode_wire(m.payload, PartialAggregate) for parsed, m in seen if parsed.kind == "partial"]
     assert sorted(p.round for p in partials) == list(range(1, ROUNDS + 2))
     assert all(p.site_id == "s1" and set(p.outcomes) == {"rpi-1", "rpi-2"} for p in partials)
+    states = [decode_wire(m.payload, GlobalState) for parsed, m in seen if parsed.kind == "global_state" and m.payload]
+    if algorithm == "fedproto":  # every training round sends prototypes (no bootstrap), per family
+        trained = [p for p in partials if p.prototype_sums is not None]
+        assert sorted(p.round for p in trained) == list(range(1, ROUNDS + 1)) and not any(p.sums for p in partials)
+        assert all(int(p.prototype_counts.sum()) > 0 for p in trained)  # type: ignore[union-attr]
+        assert {st.round for st in states if st.prototypes is not None} >= {2, ROUNDS + 1}
+        return
     trained = [p for p in partials if p.sums]  # the delta rounds (round 1 bootstraps, the last one evaluates)
     assert len(trained) == ROUNDS - 1
     assert all(bool(p.control_sums) == (algorithm == "scaffold") for p in trained)
-    states = [decode_wire(m.payload, GlobalState) for parsed, m in seen if parsed.kind == "global_state" and m.payload]
     moved = [st for st in states if st.round > 2]
     assert moved and all(bool(st.control) == (algorithm == "scaffold") for st in moved)
     if algorithm == "scaffold":  # the server variate took the site's sums

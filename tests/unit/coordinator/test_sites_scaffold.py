@@ -234,7 +234,8 @@ def test_a_secure_scaffold_round_behind_sites_moves_x_and_c_as_the_plain_round_w
         assert np.abs(expected).max() > 0.05
 
 
-def test_a_site_refuses_updates_of_an_algorithm_it_does_not_fold_saying_why(tmp_path: Path) -> None:
+def test_a_site_refuses_a_fedproto_update_without_prototypes(tmp_path: Path) -> None:
+    """A delta where FedProto's round wants prototypes (the site folds FedProto now: test_site_fedproto.py)."""
     root, outbox, _, sites = setup(tmp_path, "sites", with_sites=True, rounds=3)
     root.tick()
     announcement = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
@@ -244,7 +245,7 @@ def test_a_site_refuses_updates_of_an_algorithm_it_does_not_fold_saying_why(tmp_
     site.on_message(TOPICS.update("a1", 1), encode_message(scaffold_answer(fedproto, "a1", root.run.run_id)))
     _, out = tick_site(site)
     (partial,) = [decode_message(p, PartialAggregate) for _, p in out]
-    assert partial.outcomes["a1"].outcome == "rejected" and partial.outcomes["a1"].reason == "site_unsupported"
+    assert partial.outcomes["a1"].outcome == "rejected" and partial.outcomes["a1"].reason == "missing_payload"
 
 
 def test_fedproto_agents_behind_a_site_sit_out_of_secure_rounds_saying_why(tmp_path: Path) -> None:

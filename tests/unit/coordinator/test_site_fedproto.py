@@ -1,0 +1,197 @@
+"""FedProto behind site aggregators: a site sends per-class sums of count x prototype and the counts, the root adds
+them to its own agents' and divides once, so the global prototypes equal flat FedProto's over the same agents. A
+lying site (counts past its agents' samples, another shape, sums beside a FedAvg round) is refused whole, and in
+secure rounds the site still refuses FedProto's plain updates. Engines driven directly, as in test_sites.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator.aggregation.aggregator import build_aggregator
+from coordinator.settings import CoordinatorSettings
+from coordinator.sites.engine import SiteEngine
+from coordinator.strategies.fedproto import aggregate_prototypes
+from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
+from protocol.partials import PartialAggregate
+from protocol.wire import decode_message, encode_message
+from tests.task_refs import DIGITS
+from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected
+from tests.unit.coordinator.test_secure_fedproto import FAMILIES, SAMPLES, local_prototypes
+from tests.unit.coordinator.test_sites import plain_answer, run_rounds, setup, site_engine, tick_site
+
+SITES = {"s1": ["a"], "s2": ["b", "d"], "s3": ["c", "e", "g"]}
+"""Uneven, and across both families; ``h`` answers the root directly."""
+DIRECT = ["h"]
+PROTO = {"algorithm": "fedproto", "proto_momentum": 0.0, "claim_cap_multiple": 0, "max_norm_ratio": 0, "rounds": 2,
+         "min_available_agents": 7, "min_fit_agents": 7}
+
+
+def answer(announcement: RoundAnnouncement, agent: str, run_id: str,
+           sent: dict[str, tuple[np.ndarray, np.ndarray]]) -> Update:
+    family = FAMILIES[agent]
+    ref = announcement.states.get(family)
+    fields: dict[str, object] = {}
+    if announcement.task == "train":
+        fields = {"prototypes": sent[agent][0], "prototype_counts": sent[agent][1]}
+    return Update(run_id=run_id, agent_id=agent, round=announcement.round, task=announcement.task, task_ref=DIGITS,
+                  family=family, base_digest=ref.digest if ref else None, num_samples=SAMPLES[agent],
+                  metrics=TrainMetrics(eval_loss=1.0, eval_accuracy=0.5, num_eval_samples=2), **fields)
+
+
+def federation(tmp_path: Path, with_sites: bool, **overrides: object):  # type: ignore[no-untyped-def]
+    clock = Clock()
+    root, outbox, metrics = make_engine(tmp_path / "root", clock, **{**PROTO, **overrides})
+    at_site = {k: v for k, v in {**PROTO, **overrides}.items()  # a site's own: how it folds, not the root's plan
+               if k in ("algorithm", "proto_momentum", "claim_cap_multiple", "max_norm_ratio", "rounds", "aggregator")}
+    sites = {s: site_engine(tmp_path, s, clock, **at_site) for s in SITES} if with_sites else {}
+    for site_id, agents in SITES.items():
+        for agent in agents:
+            hello(sites.get(site_id) or root, agent, family=FAMILIES[agent], samples=SAMPLES[agent])  # type: ignore[arg-type]
+        if with_sites:
+            for topic, payload in sites[site_id].tick()[1]:  # its roster, up the bridge
+                root.on_message(topic, payload)
+    for agent in DIRECT:
+        hello(root, agent, family=FAMILIES[agent], samples=SAMPLES[agent])
+    return root, outbox, metrics, sites, clock
+
+
+def run_round(root, outbox, sites: dict[str, SiteEngine], sent: dict[str, tuple[np.ndarray, np.ndarray]],  # type: ignore[no-untyped-def]
+              edit=lambda partial: partial) -> RoundAnnouncement:
+    """One round: every agent answers (through its site, if any); ``edit`` may change a partial on its way up."""
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    for site_id, agents in SITES.items():
+        site = sites.get(site_id)
+        if site is not None:
+            site.on_message(TOPICS.rounds_current, payload)
+        for agent in agents:
+            message = encode_message(answer(announcement, agent, root.run.run_id, sent))
+            (site or root).on_message(TOPICS.update(agent, announcement.round), message)
+        if site is not None:
+            for topic, sealed in tick_site(site)[1]:
+                root.on_message(topic, encode_message(edit(decode_message(sealed, PartialAggregate))))
+    for agent in DIRECT:
+        root.on_message(TOPICS.update(agent, announcement.round),
+                        encode_message(answer(announcement, agent, root.run.run_id, sent)))
+    root.tick()
+    return announcement
+
+
+def prototypes_of(root, outbox, round_number: int) -> GlobalState:  # type: ignore[no-untyped-def]
+    """The prototypes published for ``round_number`` (the tick after a close publishes them)."""
+    root.tick()
+    return decode_message(outbox.last(TOPICS.global_state("cnn_large", round_number)), GlobalState)
+
+
+def test_fedproto_over_sites_equals_flat_fedproto_over_the_same_agents(tmp_path: Path) -> None:
+    flat, flat_out, _, _, _ = federation(tmp_path / "flat", with_sites=False)
+    root, root_out, metrics, sites, _ = federation(tmp_path / "sites", with_sites=True)
+    for round_number, seed in ((1, 0), (2, 1)):  # the first prototypes, then a round from the published ones
+        sent = local_prototypes(seed)
+        run_round(flat, flat_out, {}, sent)
+        run_round(root, root_out, sites, sent)
+        assert root.last_summary.outcome == "completed" and root.last_summary.answered == len(SAMPLES)
+        assert set(root.last_summary.sites) == set(SITES)
+        expected = prototypes_of(flat, flat_out, round_number + 1)
+        got = prototypes_of(root, root_out, round_number + 1)
+        np.testing.assert_allclose(got.prototypes, expected.prototypes, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(got.prototype_counts, expected.prototype_counts)
+        mean = build_aggregator(CoordinatorSettings(federation="t", enrollment="open", algorithm="fedproto")).unclipped
+        plain, counts = aggregate_prototypes(mean, [p for p, _ in sent.values()], [c for _, c in sent.values()])
+        np.testing.assert_allclose(got.prototypes, plain, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(got.prototype_counts, counts)
+    assert rejected(metrics, "bad_partial", "partial") == 0
+
+
+def test_under_a_robust_rule_each_site_sends_its_rule_s_result_weighted_by_its_counts(tmp_path: Path) -> None:
+    """The coordinate-wise median inside each site (and over the root's own agents), then the count-weighted mean
+    across those groups: a site's poisoned agent moves only its own site's median."""
+    root, outbox, metrics, sites, _ = federation(tmp_path, with_sites=True, aggregator="median")
+    sent = local_prototypes(0)
+    run_round(root, outbox, sites, sent)
+    assert root.last_summary.outcome == "completed" and rejected(metrics, "bad_partial", "partial") == 0
+    median = build_aggregator(CoordinatorSettings(federation="t", enrollment="open", algorithm="fedproto",
+                                                  aggregator="median")).unclipped
+    groups = [[a for a in agents if FAMILIES[a] == family] for agents in [*SITES.values(), DIRECT]
+              for family in ("cnn_large", "mlp_tiny")]
+    sums, counts = np.zeros_like(sent["a"][0], np.float64), np.zeros(len(sent["a"][1]), np.int64)
+    for group in filter(None, groups):
+        merged, totals = aggregate_prototypes(median, [sent[a][0] for a in group], [sent[a][1] for a in group])
+        sums += merged.astype(np.float64) * totals[:, None]
+        counts += totals
+    expected = np.divide(sums, counts[:, None], out=np.zeros_like(sums), where=counts[:, None] > 0)
+    got = prototypes_of(root, outbox, 2)
+    np.testing.assert_allclose(got.prototypes, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got.prototype_counts, counts)
+
+
+@pytest.mark.parametrize("lie, why", [
+    (lambda p: {"prototype_counts": p.prototype_counts * 100}, "more than the"),
+    (lambda p: {"prototype_sums": p.prototype_sums[:, :-1].copy()}, "the task's prototypes"),
+    (lambda p: {"prototype_sums": p.prototype_sums * 1e300}, "not finite in float32"),
+])
+def test_a_site_lying_about_its_prototype_sums_is_refused_whole(tmp_path: Path, lie, why: str,  # type: ignore[no-untyped-def]
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    """s3 inflates its counts (its agents would own their classes), sends another shape, or sums whose mean
+    overflows float32: its partial is refused, its agents count for nothing, the round completes without them."""
+    root, outbox, metrics, sites, clock = federation(tmp_path, with_sites=True)
+    sent = local_prototypes(0)
+
+    def edit(partial: PartialAggregate) -> PartialAggregate:
+        return partial.model_copy(update=lie(partial)) if partial.site_id == "s3" else partial
+
+    run_round(root, outbox, sites, sent, edit)
+    assert rejected(metrics, "bad_partial", "partial") == 2  # s3's two families
+    clock.now += 10.0  # s3's agents never answered: the deadline closes the round without them
+    root.tick()
+    assert why in caplog.text
+    honest = {a: sent[a] for a in ("a", "b", "d", "h")}
+    summary = root.last_summary
+    assert summary.round == 1 and summary.outcome == "completed" and summary.answered == len(honest)
+    mean = build_aggregator(CoordinatorSettings(federation="t", enrollment="open", algorithm="fedproto")).unclipped
+    plain, _ = aggregate_prototypes(mean, [p for p, _ in honest.values()], [c for _, c in honest.values()])
+    np.testing.assert_allclose(prototypes_of(root, outbox, 2).prototypes, plain, rtol=1e-6, atol=1e-7)
+
+
+def test_prototype_sums_in_a_fedavg_round_are_refused(tmp_path: Path) -> None:
+    """A FedAvg root takes no prototype sums: the partial is refused, not folded as an empty delta."""
+    root, outbox, metrics, sites = setup(tmp_path, "fedavg", with_sites=True)
+    run_rounds(root, outbox, sites, 1)  # the bootstrap
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site = sites["s1"]
+    site.on_message(TOPICS.rounds_current, payload)
+    site.on_message(TOPICS.update("a1", 2), encode_message(plain_answer(announcement, "a1", root.run.run_id)))
+    (topic, sealed), = tick_site(site)[1]
+    prototypes, counts = local_prototypes(0)["a"]
+    partial = decode_message(sealed, PartialAggregate).model_copy(update={
+        "sums": {}, "integers": {}, "heaviest": None, "prototype_sums": prototypes.astype("<f8") * 0,
+        "prototype_counts": counts * 0})
+    root.on_message(topic, encode_message(partial))
+    assert rejected(metrics, "bad_partial", "partial") == 1
+
+
+def test_a_site_keeps_fedproto_out_of_secure_rounds(tmp_path: Path) -> None:
+    """A secure round's one FedProto session spans every family and a partial carries one: the site refuses its
+    agents' plain prototypes there (``site_unsupported``), as before it folded FedProto at all."""
+    from tests.unit.coordinator.test_secure_rounds import SECURE
+
+    root, outbox, _, sites, _ = federation(tmp_path, with_sites=True, **{k: v for k, v in SECURE.items()
+                                                                      if k not in PROTO}, secagg_prototype_clip=4.0)
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    assert announcement.secure is not None and not announcement.secure.sites
+    site = sites["s2"]
+    site.on_message(TOPICS.rounds_current, payload)
+    for agent in SITES["s2"]:
+        site.on_message(TOPICS.update(agent, 1), encode_message(answer(announcement, agent, root.run.run_id,
+                                                                       local_prototypes(0))))
+    partials = [decode_message(p, PartialAggregate) for _, p in tick_site(site)[1]]
+    assert {o.reason for p in partials for o in p.outcomes.values()} == {"site_unsupported"}
+    assert all(p.prototype_sums is None for p in partials)
