@@ -299,13 +299,19 @@ class SecureRounds:
         self.unmasked.append(session.setup)  # seen from here on: charged even if a later session fails the round
         survivors = set(session.server.survivors)
         strategy, family = parts.strategy, session.family
+        cap = session.setup.weight_cap
         if session.prototypes is not None:
             prototypes, counts = decode_prototype_sums(total, len(survivors), session.prototypes[0], setup,
                                                        session.setup)
+            most = secure_sites.most_counted(parts, survivors, cap, session.prototypes[0])
+            implausible = secure_sites.plausible_prototypes(prototypes, counts, most, len(survivors), setup,
+                                                            session.setup)
+            if implausible is not None:
+                raise ValueError(f"{family}'s unmasked sum is refused: {implausible}")
             return lambda: strategy.accumulate_prototype_sums(family, prototypes, counts, survivors)
         sums, weight = decode_sum(total, len(survivors), session.like, setup, session.setup, session.control_like)
-        least = secure_sites.least_weight(parts, survivors, session.setup.weight_cap)
-        implausible = secure_sites.plausible_sum(sums["delta"], weight, least, len(survivors), setup, session.setup)
+        implausible = secure_sites.plausible_sum(sums, weight, secure_sites.weight_range(parts, survivors, cap),
+                                                 len(survivors), setup, session.setup)
         if implausible is not None:  # one agent's input can be anything in the ring: fail rather than apply it
             raise ValueError(f"{family}'s unmasked sum is refused: {implausible}")
         means = sample_means(sums, weight, len(survivors), session.setup.weight_cap, session.like, session.control_like)

@@ -65,6 +65,7 @@ def take_stage(server: SecAggServer, setup: SecureFamily, families: Collection[s
     elif stage == "share":
         server.receive_shares(agent, dict(message.bundles))
     elif stage == "mask":
+        server.expect_masked_input(agent)  # before unpacking: a refused upload costs no more than its bytes
         try:  # the low ring_bits bits of each element, packed (protocol.secagg.ring)
             masked = unpack_masked(message.masked, setup)
         except ValueError as exc:

@@ -96,41 +96,75 @@ def check_secure_partial(partial: PartialAggregate, session: SecureFamily | None
     return None
 
 
-def least_weight(parts: EngineParts, survivors: set[str], cap: int) -> float:
-    """The least total weight (session units) honest ``survivors`` mask: 1 / cap for each whose status reports a
-    sample (an agent with none masks 0)."""
-    def samples(agent_id: str) -> int:
-        record = parts.registry.get(agent_id)
-        return record.status.num_samples if record is not None else 0
-    return sum(1 for agent_id in survivors if samples(agent_id) > 0) / cap
+def weight_range(parts: EngineParts, survivors: set[str], cap: int) -> tuple[float, float]:
+    """(least, most) total weight (session units) honest ``survivors`` mask: at least 1 / cap for each whose status
+    reports a sample (an agent with none masks 0), at most min(samples, cap) / cap each, samples as its status
+    reports them."""
+    held = [record.status.num_samples if (record := parts.registry.get(agent_id)) is not None else 0
+            for agent_id in survivors]
+    return sum(1 for n in held if n > 0) / cap, sum(min(n, cap) for n in held) / cap
 
 
-def plausible_sum(delta: Mapping[str, np.ndarray], weight: float, least: float, count: int, setup: SecureSetup,
-                  session: SecureFamily) -> str | None:
-    """Why unmasked delta sums of ``count`` survivors weighing ``weight`` (session units, at least ``least``) are
-    larger than their clipped inputs can add up to, or None.
+def most_counted(parts: EngineParts, survivors: set[str], cap: int, classes: int) -> float:
+    """FedProto: the most samples (count units) ``survivors`` can count over every class: each at most its status's
+    samples, and at most ``cap`` in each class."""
+    return float(sum(min(record.status.num_samples, classes * cap) for agent_id in survivors
+                     if (record := parts.registry.get(agent_id)) is not None))
 
-    Each survivor clipped its values to [-clip, clip] and weighed them by w <= 1; each rounded by under a step
-    and its weight element too. So without noise every summed value is within weight x clip + 2 count steps:
-    a site that shrinks the weight to inflate the mean is caught. Under distributed DP the values carry noise,
-    so the L2 norm is bounded instead: the weighed L2-clipped deltas, the summed noise to 10 standard deviations
-    past its expected norm (a chi tail of e^-50), and the rounding; there the noise divided by a shrunk weight
-    would inflate the mean, so the weight may not fall under what the survivors' statuses make ``least``."""
+
+def plausible_sum(sums: Mapping[str, Mapping[str, np.ndarray]], weight: float, weights: tuple[float, float],
+                  count: int, setup: SecureSetup, session: SecureFamily) -> str | None:
+    """Why unmasked sums of ``count`` survivors weighing ``weight`` (session units; ``weights``: the least and the
+    most their statuses allow, ``weight_range``) are larger than their clipped inputs can add up to, or None.
+
+    Each survivor clipped its values to [-clip, clip] (SCAFFOLD's control values to [-control_clip, control_clip])
+    and weighed them by w = min(samples, cap) / cap; each rounded by under a step and its weight element too. So
+    without noise every summed value is within weight x clip + 2 count steps: a sum that shrinks its weight to
+    inflate the mean is caught, and one that grows it past what the survivors' samples allow (one agent masking
+    more weight than its claim, to own the mean) too. Under distributed DP the values carry noise, so the L2 norm
+    is bounded instead: the weighed L2-clipped deltas, the summed noise to 10 standard deviations past its
+    expected norm (a chi tail of e^-50), and the rounding."""
     step = quantiser(setup, session).step
-    if not (math.isfinite(weight) and weight > 0 and weight >= least - count * step / setup.clip):
-        return f"its sum weighs {weight:.6g}, its survivors at least {least:.6g}"
-    values = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in delta.values()])
-    weighed = weight + count * step / setup.clip
-    if setup.noise is None:
-        largest = float(np.max(np.abs(values), initial=0.0))
-        bound = weighed * setup.clip + 2 * count * step
-    else:
-        root_d = math.sqrt(values.size)
-        largest = float(np.linalg.norm(values))
-        bound = (weighed * setup.noise.clip_norm + setup.noise.agent_std * math.sqrt(count) * (root_d + 10)
-                 + 2 * count * step * root_d)
-    if not largest <= bound:
-        return f"its sum ({largest:.6g}) exceeds what {count} survivors weighing {weight:.6g} can add up to ({bound:.6g})"
+    slack = count * step / setup.clip
+    least, most = weights
+    if not (math.isfinite(weight) and weight > 0 and least - slack <= weight <= most + slack):
+        return f"its sum weighs {weight:.6g}, its survivors at least {least:.6g} and at most {most:.6g}"
+    weighed = weight + slack
+    for payload, arrays in sums.items():
+        values = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in arrays.values()])
+        clip = setup.clip if payload == "delta" else setup.control_clip
+        assert clip is not None, "a control delta is masked only under a control_clip"
+        if setup.noise is None or payload != "delta":  # the noise is on the delta only (vector.encode_input)
+            largest = float(np.max(np.abs(values), initial=0.0))
+            bound = weighed * clip + 2 * count * step * clip / setup.clip
+        else:
+            root_d = math.sqrt(values.size)
+            largest = float(np.linalg.norm(values))
+            bound = (weighed * setup.noise.clip_norm + setup.noise.agent_std * math.sqrt(count) * (root_d + 10)
+                     + 2 * count * step * root_d)
+        if not largest <= bound:
+            return (f"its {payload} sum ({largest:.6g}) exceeds what {count} survivors weighing {weight:.6g} can add up "
+                    f"to ({bound:.6g})")
+    return None
+
+
+def plausible_prototypes(sums: np.ndarray, counts: np.ndarray, most: float, count: int, setup: SecureSetup,
+                         session: SecureFamily) -> str | None:
+    """Why FedProto's unmasked per-class sums and counts (count units) are more than ``count`` survivors can mask,
+    or None. Each survivor masked per class w_c = min(count_c, cap) / cap (its counts summing to at most its
+    samples: ``most``, in count units, over the survivors) and its prototype row clipped to [-clip, clip] times
+    w_c; each value rounded by under a step. So no class counts below 0 nor all together past ``most``, and each
+    row's values lie within its count x clip: a device that adds count to one class to own it is caught, as its
+    plain update would be (``bad_counts``)."""
+    unit = count * quantiser(setup, session).step * session.weight_cap  # rounding, in count x value units
+    count_slack = unit / setup.clip
+    if not (np.isfinite(counts).all() and np.isfinite(sums).all()):
+        return "its prototype sums are not finite"
+    if float(counts.min(initial=0.0)) < -count_slack or float(counts.sum()) > most + len(counts) * count_slack:
+        return f"its classes count {float(counts.sum()):.6g} samples, its survivors at most {most:.6g}"
+    rows = np.abs(sums).max(axis=1, initial=0.0)
+    if not (rows <= (np.maximum(counts, 0.0) + count_slack) * setup.clip + unit).all():
+        return "a class's prototype sum exceeds its count x clip"
     return None
 
 
@@ -154,12 +188,9 @@ def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: Part
     except ValueError as exc:
         return Reject(RejectReason.BAD_PARTIAL, str(exc))
     open_round.decoded_sites.add((partial.site_id, partial.family))
-    # Each survivor masked a weight of at most 1 (min(samples, cap) / cap): a site cannot claim more for its sum.
-    if not weight <= partial.count * (1.0 + 1e-6) + partial.count * quantiser(setup, session).step / setup.clip:
-        return Reject(RejectReason.BAD_PARTIAL, f"its sum weighs {weight:.6g}, more than its {partial.count} survivors "
-                                                f"can (at most 1 each)")
-    implausible = plausible_sum(sums["delta"], weight, least_weight(parts, members, session.weight_cap),
-                                partial.count, setup, session)
+    # Each survivor masked a weight of at most min(samples, cap) / cap: a site cannot claim more for its sum.
+    implausible = plausible_sum(sums, weight, weight_range(parts, members, session.weight_cap), partial.count, setup,
+                                session)
     if implausible is not None:
         return Reject(RejectReason.BAD_PARTIAL, implausible)
     try:

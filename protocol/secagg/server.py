@@ -17,11 +17,21 @@ import numpy as np
 from protocol.secagg import shamir
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
-from protocol.secagg.keys import KEY_BYTES, KeyPair, mask_seed
+from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, mask_seed
 from protocol.secagg.messages import BUNDLE_BYTES, Advertisement, UnmaskRequest, UnmaskResponse, seed_commitment
 from protocol.secagg.prg import add_mask
 
 STAGES = ("advertise", "share", "mask", "unmask", "done")
+_PROBE = KeyPair.generate()
+"""A key of the server's own, to try an advertised key with: agreeing with a low-order point raises."""
+
+
+def _agreeable(public: bytes) -> bool:
+    try:
+        agree(_PROBE.private, public)
+    except ValueError:
+        return False
+    return True
 
 
 class SecAggServer:
@@ -29,6 +39,7 @@ class SecAggServer:
         self.config = config
         self.stage = "advertise"
         self.advertised: dict[str, Advertisement] = {}  # U1
+        self._keys: set[bytes] = set()  # the advertised public keys: each is one agent's
         self._bundles: dict[str, dict[str, bytes]] = {}  # U2: sender -> recipient -> bundle
         self._inbox: dict[str, dict[str, bytes]] = {}  # recipient -> sender -> bundle (senders whose shares it holds)
         self.survivors: frozenset[str] = frozenset()  # U3, fixed at close_masking
@@ -65,7 +76,15 @@ class SecAggServer:
         fields = (ad.encryption_key, ad.mask_key, ad.self_mask_commitment)
         if not all(isinstance(f, bytes) and len(f) == KEY_BYTES for f in fields):
             raise SecAggRefused(f"an advertisement from {ad.agent!r} with a field not of {KEY_BYTES} bytes")
+        # A key every neighbour would fail to agree with (a low-order point) or one already taken makes honest
+        # neighbours abort; relayed, one agent would fail a round the others could finish.
+        keys = (ad.encryption_key, ad.mask_key)
+        if ad.encryption_key == ad.mask_key or not all(_agreeable(key) for key in keys):
+            raise SecAggRefused(f"an advertisement from {ad.agent!r} with a key no neighbour can agree with")
+        if self._keys & set(keys):
+            raise SecAggRefused(f"an advertisement from {ad.agent!r} with another agent's public key")
         self.advertised[ad.agent] = ad
+        self._keys.update(keys)
 
     def close_advertising(self) -> dict[str, dict[str, Advertisement]]:
         """U1 is fixed: for each agent of U1, the advertisements of its neighbours in U1 (and its own)."""
@@ -98,10 +117,15 @@ class SecAggServer:
         return self._inbox
 
     # Stage 3: masked input.
-    def receive_masked_input(self, sender: str, masked: np.ndarray) -> None:
+    def expect_masked_input(self, sender: str) -> None:
+        """Raises SecAggRefused unless a masked input of ``sender`` is taken now: the cheap checks, made before
+        its wire form is unpacked."""
         self._expect("mask", "a masked input", sender)
         if sender not in self._bundles or sender in self._uploaded:
             raise SecAggRefused(f"a masked input from {sender!r}, which did not share or already uploaded")
+
+    def receive_masked_input(self, sender: str, masked: np.ndarray) -> None:
+        self.expect_masked_input(sender)
         if not isinstance(masked, np.ndarray) or masked.dtype != np.uint32 or masked.shape != (self.config.n_params,):
             raise SecAggRefused(f"a masked input from {sender!r} is not uint32[{self.config.n_params}]")
         np.add(self._total, masked, out=self._total)  # summed at once: no agent's vector is kept

@@ -228,3 +228,25 @@ def test_malformed_advertisements_and_shares_are_refused_without_a_crash() -> No
         step.server.receive_shares(a, c.share_keys(keys[a]))
     with pytest.raises(SecAggRefused, match="bytes"):
         step.server.receive_shares(first, dict.fromkeys(config.neighbours_of(first), "not bytes"))
+
+
+@pytest.mark.parametrize("field", ["encryption_key", "mask_key", "both alike", "another agent's"])
+def test_an_advertisement_no_neighbour_can_agree_with_is_refused(field: str) -> None:
+    """A low-order key (every exchange gives the all-zero secret), one key used twice, or another agent's key: relayed,
+    every honest neighbour aborted on it; refused, the round goes on without the agent."""
+    from dataclasses import replace
+
+    config = make_round(6)
+    server = SecAggServer(config)
+    clients = {a: SecAggClient(a, config) for a in config.roster}
+    first, liar = config.roster[0], config.roster[1]
+    theirs = clients[first].advertise()  # a client advertises once
+    server.receive_advertisement(theirs)
+    ad = clients[liar].advertise()
+    forged = {"encryption_key": replace(ad, encryption_key=bytes(32)), "mask_key": replace(ad, mask_key=bytes(32)),
+              "both alike": replace(ad, mask_key=ad.encryption_key),
+              "another agent's": replace(ad, mask_key=theirs.mask_key)}[field]
+    with pytest.raises(SecAggRefused, match="key"):
+        server.receive_advertisement(forged)
+    server.receive_advertisement(ad)  # its genuine keys are still taken
+    assert set(server.advertised) == {first, liar}
