@@ -42,7 +42,8 @@ class RejectReason(str, Enum):
     match the family's layout, or a round that does not fold a mean (a robust rule)."""
     SITE_TOO_FEW = "site_too_few"
     """A site's robust rule had fewer updates of a family than it needs to tolerate ``byzantine_f``: the site counts
-    none of them (it does not average a possible attacker in)."""
+    none of them (it does not average a possible attacker in). Also the root's own FedProto agents beside sites'
+    sums, when too few of them hold a class for the rule: the sites' sums still count."""
     STALE_ROSTER = "stale_roster"
     """A site's roster no newer than one the root took from it (a replay, or a site clock set back)."""
     BAD_COUNTS = "bad_counts"

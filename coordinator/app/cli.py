@@ -58,7 +58,7 @@ def site(settings: SiteSettings) -> int:
     return _serve(settings.log_level, lambda: SiteService(settings))
 
 
-app.command("site", short_help="Run a site aggregator behind a bridged site broker (sync FedAvg/FedProx, mean).")(
+app.command("site", short_help="Run a site aggregator behind a bridged site broker (synchronous rounds: FedAvg, FedProx, SCAFFOLD, FedProto).")(
     settings_command(SiteSettings, site))
 
 

@@ -101,9 +101,13 @@ class AgentRegistry:
         return None if record is None else record.status.family
 
     def spent(self, agent_id: str) -> bool:
-        """Whether its DP budget is spent (by its own word, or because its ledger went back): it trains no more."""
+        """Whether its DP budget is spent: its status or an update said so, or its ledger went back (marked spent
+        until it reports the highest figure again). It trains no more."""
         record = self._agents.get(agent_id)
-        return record is not None and record.status.state == "budget_exhausted"
+        if record is None:
+            return False
+        privacy = record.status.privacy
+        return record.status.state == "budget_exhausted" or (privacy is not None and privacy.exhausted)
 
     def observe(self, status: AgentStatus, now: float) -> Observation:
         """Record ``status`` and say how it differs from the previous one; raises RegistryFull

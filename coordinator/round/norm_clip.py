@@ -131,9 +131,13 @@ class NormGate(Generic[T]):
     cohorts: Mapping[str, int] = field(default_factory=dict)
     """Per family, the round's selected agents: their deltas are held (up to ``HOLD_MAX``) until all came."""
     hold_bytes: int = 0
-    """Past this many bytes of a family's held deltas, the gate stops waiting for the rest of the cohort."""
+    """Past this many bytes of held deltas (every family's together), the gate stops waiting for cohorts."""
+    others: int = 0
+    """Selected agents whose family is not known (statuses not heard yet after a restart): counted in every
+    family's cohort, since holding too many only waits for the close, and too few makes the bound order-dependent."""
     held: dict[str, list[tuple[T, float]]] = field(default_factory=dict)
     _held_bytes: dict[str, int] = field(default_factory=dict)
+    _released: set[str] = field(default_factory=set)
 
     def admit(self, family: str, item: T, norm: float, size: int = 0) -> list[tuple[T, float | None]]:
         """Note ``item``'s norm (``size``: its bytes); what may be folded now, each with the bound to clip it to."""
@@ -143,17 +147,26 @@ class NormGate(Generic[T]):
             self._held_bytes[family] = self._held_bytes.get(family, 0) + size
             return []
         self._held_bytes.pop(family, None)
+        self._released.add(family)
         bound = self.norms.bound(family)
         return [(held, bound) for held, _ in self.held.pop(family, [])] + [(item, bound)]
 
+    def waiting(self, family: str) -> bool:
+        """Whether the family's bound may still move with deltas held or to come for its cohort (sums a site folded
+        wait for it too: ``round/sites.py``)."""
+        if self.norms.ratio <= 0:
+            return False
+        return family in self.held or (family not in self._released and self.cohorts.get(family, 0) + self.others > 0)
+
     def _waits_for_cohort(self, family: str, size: int) -> bool:
         seen = len(self.held[family]) + 1
-        return (seen < min(self.cohorts.get(family, 0), HOLD_MAX)
-                and self._held_bytes.get(family, 0) + size <= self.hold_bytes)
+        return (seen < min(self.cohorts.get(family, 0) + self.others, HOLD_MAX)
+                and sum(self._held_bytes.values()) + size <= self.hold_bytes)
 
     def release(self) -> list[tuple[T, float | None]]:
         """The round closes: everything still held, against the median of what arrived."""
         out = [(item, self.norms.bound(family)) for family, items in self.held.items() for item, _ in items]
+        self._released.update(self.held)
         self.held.clear()
         self._held_bytes.clear()
         return out

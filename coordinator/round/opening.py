@@ -126,14 +126,16 @@ def announce(parts: EngineParts, run: RunState, number: int, task: str, selected
 
 def begin(parts: EngineParts, run: RunState) -> None:
     """The strategy's accumulators for a round of at most this many updates (rows spill past the budget),
-    and the round's own norm statistics (the gate holds each family's first deltas until its cohort came, within
-    the same memory budget: ``norm_clip.py``)."""
+    and the round's own norm statistics (the gate holds each family's first deltas until its cohort came, within a
+    budget of the same size for all families together: ``norm_clip.py``)."""
     assert run.open is not None
     parts.strategy.begin_round(len(run.open.selected),
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                                spill_dir=parts.settings.state_dir / "spill")
-    cohorts = Counter(record.status.family for agent_id in run.open.selected
-                      if (record := parts.registry.get(agent_id)) is not None)
+    families = [record.status.family if (record := parts.registry.get(agent_id)) is not None else None
+                for agent_id in run.open.selected]
+    cohorts = Counter(family for family in families if family is not None)
     run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried()), cohorts,
-                             hold_bytes=parts.settings.aggregation_memory_mb * 1024**2)
+                             hold_bytes=parts.settings.aggregation_memory_mb * 1024**2, others=families.count(None))
     run.site_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.site_gate.norms.carried()))
+    run.pending_sums = []

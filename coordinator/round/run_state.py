@@ -51,6 +51,8 @@ class RunState:
     site_gate: NormGate[HeldSums] = field(default_factory=lambda: NormGate(RoundNorms(0.0)))
     """Sites' partial sums while the root has no bound of its own (no direct delta yet): held until the round's
     sites' mean norms give a median, which then bounds each (reset when a round opens)."""
+    pending_sums: list[HeldSums] = field(default_factory=list)
+    """Sites' sums of a family whose own deltas the norm gate still holds for their cohort: placed at the close."""
     task_revision: int = -1
     """``TaskAgreement.revision`` when the run's card was last published."""
     last_wait_log: float = -1e9

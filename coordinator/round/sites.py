@@ -28,8 +28,8 @@ from coordinator.round.run_state import HeldSums, RunState
 from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
 from protocol.errors import Reason
 from protocol.fields import TaskRef
-from protocol.messages import Task, TrainMetrics, Update
-from protocol.partials import AgentOutcome, PartialAggregate
+from protocol.messages import RoundAnnouncement, Task, TrainMetrics, Update
+from protocol.partials import PartialAggregate
 
 log = logging.getLogger("coordinator.round.engine")
 
@@ -57,7 +57,8 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
             refuse(parts, run, site, problem)
             return
     elif partial.prototype_sums is not None:  # FedProto's per-class sums
-        problem = _fold_prototypes(parts, partial, accepted)
+        problem = _fold_prototypes(parts, run.open.announcement, partial,
+                                   {a: min(o.samples, view.sample_cap(a)) for a, o in accepted.items()})
         if problem is not None:
             refuse(parts, run, site, problem)
             return
@@ -157,32 +158,46 @@ def _fold(parts: EngineParts, run: RunState, partial: PartialAggregate, members:
     if parts.strategy.folds is None:
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
     held = HeldSums(partial.site_id, partial.family, partial.round, means, frozenset(members), partial.total_weight)
-    if mean_norm_limit(run.norm_gate.norms, partial.family) is not None or run.site_gate.norms.ratio <= 0:
-        _fold_held(parts, run, held, None)
+    if run.norm_gate.waiting(partial.family):  # the root's own deltas of the family wait for their cohort: the
+        run.pending_sums.append(held)  # bound they set is not the round's yet, so the sums wait for the close
         return None
-    # No bound of the root's own yet (no direct delta this round, none carried): the round's sites' mean norms
-    # give one, as agents' norms do (a minority of sites cannot move their median).
-    if "control_delta" in means:
-        run.site_gate.norms.observe(control_key(partial.family), _mean_norm(held, "control_delta"))
-    for item, bound in run.site_gate.admit(partial.family, held, _mean_norm(held, "delta")):
-        _fold_held(parts, run, item, bound)
+    _place(parts, run, held)
     return None
 
 
-def _fold_prototypes(parts: EngineParts, partial: PartialAggregate, accepted: dict[str, AgentOutcome]) -> Reject | None:
-    """A site's FedProto sums to the strategy; why they cannot be, or None. Shaped as the task's prototypes, counting
-    no more samples than the agents the site accepted were counted for, and with a finite float32 mean per class:
-    one lying site moves a class's prototype by no more than its agents' samples would."""
+def _place(parts: EngineParts, run: RunState, held: HeldSums) -> None:
+    """Fold ``held`` against the root's bound for one agent's delta; while the root has none, against the sites'."""
+    if mean_norm_limit(run.norm_gate.norms, held.family) is not None or run.site_gate.norms.ratio <= 0:
+        _fold_held(parts, run, held, None)
+        return
+    # No bound of the root's own yet (no direct delta this round, none carried): the round's sites' mean norms
+    # give one, as agents' norms do (a minority of sites cannot move their median).
+    if "control_delta" in held.means:
+        run.site_gate.norms.observe(control_key(held.family), _mean_norm(held, "control_delta"))
+    for item, bound in run.site_gate.admit(held.family, held, _mean_norm(held, "delta")):
+        _fold_held(parts, run, item, bound)
+
+
+def _fold_prototypes(parts: EngineParts, announcement: RoundAnnouncement, partial: PartialAggregate,
+                     counted: dict[str, int]) -> Reject | None:
+    """A site's FedProto sums to the strategy; why they cannot be, or None. Shaped as the task's prototypes, in a
+    round that is not secure (its one FedProto session spans every family: a site's plain sums would stand outside
+    it), counting no more samples than its accepted agents may count for here (``counted``: each one's samples, at
+    most the round's claim cap), and with a finite float32 mean per class: one lying site moves a class's prototype
+    by no more than its agents' capped samples would."""
     sums, counts = partial.prototype_sums, partial.prototype_counts
     assert sums is not None and counts is not None
+    if announcement.secure is not None:
+        return Reject(RejectReason.BAD_PARTIAL, "prototype sums in a secure round, whose FedProto session runs at the "
+                                                "root")
     card = parts.task.card
     if sums.shape != (card.num_classes, card.embedding_dim):
         return Reject(RejectReason.BAD_PARTIAL, f"prototype sums are {list(sums.shape)}, the task's prototypes "
                                                 f"[{card.num_classes}, {card.embedding_dim}]")
-    samples = sum(o.samples for o in accepted.values())
-    if int(counts.sum()) > samples:
-        return Reject(RejectReason.BAD_PARTIAL, f"prototype counts sum to {int(counts.sum())}, more than the {samples} "
-                                                f"samples its accepted agents were counted for")
+    samples, total = sum(counted.values()), sum(int(c) for c in counts.tolist())  # Python ints: int64 sums wrap
+    if total > samples:
+        return Reject(RejectReason.BAD_PARTIAL, f"prototype counts sum to {total}, more than the {samples} samples "
+                                                f"its accepted agents count for")
     held = counts > 0
     with np.errstate(all="ignore"):
         largest = float(np.abs(sums[held] / counts[held, None]).max(initial=0.0))
@@ -195,7 +210,11 @@ def _fold_prototypes(parts: EngineParts, partial: PartialAggregate, accepted: di
 
 
 def release_held_sums(parts: EngineParts, run: RunState) -> None:
-    """The round closes: fold the sites' sums still held for want of a median, against what arrived."""
+    """The round closes (the root's own deltas are folded: ``applying.release_held``): fold the sites' sums that
+    waited for their bound, then those still held for want of a median, against what arrived."""
+    pending, run.pending_sums = run.pending_sums, []
+    for held in pending:
+        _place(parts, run, held)
     for held, bound in run.site_gate.release():
         _fold_held(parts, run, held, bound)
 

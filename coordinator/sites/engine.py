@@ -205,9 +205,12 @@ class SiteEngine:
                                median_claim=float(statistics.median_low(claims)) if claims else None)
         self.payloads.announcement = announcement
         self._mine_now = None
-        cohorts = Counter(r.status.family for a in announcement.selected if (r := self.registry.get(a)) is not None)
+        known = [r.status.family for a in announcement.selected if (r := self.registry.get(a)) is not None]
+        # Selected agents unknown here are mostly other sites' or the root's, but after a restart this site's own
+        # statuses may come after the announcement: held for them too, its deltas fold at its close at the latest.
         self.round = SiteRound.start(open_round, self.settings.clip_norm, self.settings.max_norm_ratio, self.rule,
-                                     cohorts, self.settings.aggregation_memory_mb * 1024**2)
+                                     Counter(known), self.settings.aggregation_memory_mb * 1024**2,
+                                     others=len(announcement.selected) - len(known))
         held = announcement.secure.sites.get(self.settings.site_id) if announcement.secure is not None else None
         if held is not None:  # the round's secure sessions of this site's agents are served here (secure.py)
             self.round.secure = SiteSecureRound(announcement, held, self.topics, now, age, deadline)

@@ -8,7 +8,9 @@ the rule's result times the number of agents it counted, and that number as its 
 agent weighs 1: robust rules ignore claimed sample counts, which a Byzantine agent could inflate), so
 the root's mean across sites is the agent-weighted mean of the sites' robust results. SCAFFOLD's control
 deltas go the same way beside the deltas (``controls``; clipped against the median of their own norms, as at
-the root; under a rule, the rule over them too) and up as ``control_sums``. A site with too
+the root; under a rule, the rule over them too) and up as ``control_sums``. FedProto's prototypes are kept
+(``prototypes``: small, ``[classes, dim]``) and go up as per-class sums of count x prototype with the counts
+(under a rule, the rule's per-class result x the count). A site with too
 few updates for its rule (``byzantine_f``) counts none of them (``site_too_few``), rather than averaging
 a possible attacker in. Bootstrap proposals are grouped by digest, and the one a strict majority of
 the site's proposers sent alike goes up, as the root would have agreed on it. At the close every
@@ -64,10 +66,11 @@ class SiteRound:
     @classmethod
     def start(cls, open_round: OpenRound, clip_norm: float | None, max_norm_ratio: float,
               rule: Aggregator | None = None, cohorts: Mapping[str, int] | None = None,
-              hold_bytes: int = 0) -> SiteRound:
+              hold_bytes: int = 0, others: int = 0) -> SiteRound:
         """``cohorts``: per family, the site's agents the round selected (the gate holds their deltas until all
-        came, within ``hold_bytes``: ``norm_clip.py``)."""
-        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio), cohorts or {}, hold_bytes), rule=rule)
+        came, within ``hold_bytes``; ``others``: selected agents of no family known here: ``norm_clip.py``)."""
+        return cls(open_round, clip_norm, NormGate(RoundNorms(max_norm_ratio), cohorts or {}, hold_bytes, others),
+                   rule=rule)
 
     def accept(self, update: Update, samples: int, weight: float, norm: float | None) -> None:
         """An update admission accepted, counted for ``samples`` at ``weight`` (the policy's factor)."""
@@ -163,7 +166,7 @@ class SiteRound:
                     fields.update(proposal=dict(agreed.weights), proposal_control=dict(agreed.control_delta))
             mean = self.means.get(family)
             if family in self.prototypes:
-                fields.update(self._prototype_sums(family))
+                fields.update(self._prototype_sums(family, outcomes))
             elif ref is not None and self.rule is not None:
                 fields.update(self._robust(family, outcomes))
             elif ref is not None and mean is not None and mean.count:
@@ -179,17 +182,24 @@ class SiteRound:
                 outcomes=outcomes, bytes_in=self.bytes_in, **fields))
         return out
 
-    def _prototype_sums(self, family: str) -> dict:
+    def _prototype_sums(self, family: str, outcomes: dict[str, AgentOutcome]) -> dict:
         """FedProto's partial fields: per class, the sum of count x prototype over the family's agents, exact in
-        float64 for the mean; under a robust rule the rule's per-class result x the class's count."""
+        float64 for the mean; under a robust rule the rule's per-class result x the class's count. On too few
+        holders of a class for the rule, nothing, and the agents it would have counted are rejected (``outcomes``
+        changed in place), as ``_robust`` does with deltas."""
         kept = sorted(self.prototypes[family], key=lambda item: item[0])
         prototypes, counts = [p for _, p, _ in kept], [c for _, _, c in kept]
         if self.rule is None:
             sums, totals = prototype_sums(prototypes, counts)
-        else:
+            return {"prototype_sums": sums, "prototype_counts": totals.astype("<i8")}
+        try:
             merged, totals = aggregate_prototypes(self.rule.unclipped, prototypes, counts)
-            sums = merged.astype("<f8") * totals[:, None]
-        return {"prototype_sums": sums, "prototype_counts": totals.astype("<i8")}
+        except AggregationError as exc:
+            for agent_id, _, _ in kept:
+                outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.SITE_TOO_FEW.value)
+            self.rule_failure = f"{family}: {exc}"
+            return {}
+        return {"prototype_sums": merged.astype("<f8") * totals[:, None], "prototype_counts": totals.astype("<i8")}
 
     def _agreed(self, family: str, outcomes: dict[str, AgentOutcome]) -> Update | None:
         """An update of the proposal a strict majority of the site's proposers of ``family`` sent; the others are

@@ -19,8 +19,10 @@ in a secure round its agents' updates are refused, ``site_unsupported``, and the
 
 class SitePayloads:
     """The strategy's payload checks, against the announcement (the site holds no global state): the base an
-    update names must be the announced state's digest; a family without one bootstraps (weights). The delta's
-    layout is checked by the task agreement, against the fingerprint the round announced for its family."""
+    update names must be the announced state's digest; under FedAvg, FedProx and SCAFFOLD a family without one
+    bootstraps (weights), and the delta's layout is checked by the task agreement against the fingerprint the round
+    announced for its family; under FedProto, prototypes shaped as the task card says and counts within the
+    samples claimed."""
 
     def __init__(self, card: TaskCard) -> None:
         self.card = card

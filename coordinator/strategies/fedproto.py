@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.admission.decisions import Reject
+from coordinator.aggregation import AggregationError
 from coordinator.aggregation.aggregator import AggregateFn, Aggregator, build_aggregator
 from coordinator.reasons import RejectReason
 from coordinator.settings import CoordinatorSettings
@@ -72,7 +73,7 @@ def aggregate_prototypes(aggregator: AggregateFn, prototypes: Sequence[np.ndarra
 
 def prototype_sums(prototypes: Sequence[np.ndarray], counts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Per class, the float64 sum of count x prototype and the int64 total count: the mean's numerator and
-    denominator, which a site sends up and the root adds over sites and its own agents (``merge_secure_sums``)."""
+    denominator, which a site sends up and the root adds over sites and its own agents (``merge_prototype_sums``)."""
     if not prototypes or len(prototypes) != len(counts):
         raise ValueError(f"{len(prototypes)} prototype arrays for {len(counts)} count arrays")
     sums = np.zeros(prototypes[0].shape, np.float64)
@@ -83,10 +84,11 @@ def prototype_sums(prototypes: Sequence[np.ndarray], counts: Sequence[np.ndarray
     return sums, totals
 
 
-def merge_secure_sums(families: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Per class, the count-weighted mean from secure rounds' sums (``sum_i n_ic p_ic``, ``sum_i n_ic`` per family,
-    capped counts, within the grid's step): the plain rule's result where every agent's claim was capped alike.
-    Counts round to whole samples; a class whose count rounds to 0 gets a zero row and count 0 as in plain rounds."""
+def merge_prototype_sums(families: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per class, the count-weighted mean over groups of sums (``sum_i n_ic p_ic``, ``sum_i n_ic`` per group: a secure
+    round's unmasked sums per family, within the grid's step, or the sites' and the root's own agents' in a plain
+    round): the plain rule's result where every agent's claim was capped alike. Counts round to whole samples; a
+    class whose count rounds to 0 gets a zero row and count 0 as in plain rounds."""
     sums = np.sum([s for s, _ in families], axis=0)
     totals = np.sum([c for _, c in families], axis=0)
     counts = np.rint(np.maximum(totals, 0.0)).astype(np.int64)
@@ -180,11 +182,12 @@ class FedProto(Strategy):
         group = sorted((u for u in updates if u.prototypes is not None), key=lambda u: u.agent_id)
         dropped: list[Dropped] = []
         if self.secure_sums:
-            fresh, fresh_counts = merge_secure_sums(list(self.secure_sums.values()))
+            fresh, fresh_counts = merge_prototype_sums(list(self.secure_sums.values()))
         else:
             if self.prototypes is None and group:
                 group, dropped = majority_by(group, lambda u: u.prototypes.shape, "prototypes")  # type: ignore[union-attr]
-            fresh, fresh_counts = self._merge(group)
+            (fresh, fresh_counts), too_few = self._merge(group)
+            dropped += too_few
         if self.normalize:
             fresh = normalize_rows(fresh, fresh_counts)
         self.prototypes, self.counts = self._mix(fresh, fresh_counts)
@@ -193,26 +196,33 @@ class FedProto(Strategy):
         report_drift(round_number, updates)
         return dropped
 
-    def _merge(self, group: Sequence[Update]) -> tuple[np.ndarray, np.ndarray]:
-        """The round's prototypes: the rule over the agents that answered here; with sites, that group's sums (exact
-        under the mean) added to the sites' and divided once: the count-weighted mean across groups, which for the
-        mean equals the flat rule over every agent."""
+    def _merge(self, group: Sequence[Update]) -> tuple[tuple[np.ndarray, np.ndarray], list[Dropped]]:
+        """The round's prototypes and counts: the rule over the agents that answered here; with sites, that group's
+        sums (exact under the mean) added to the sites' and divided once: the count-weighted mean across groups,
+        which for the mean equals the flat rule over every agent. Beside sites, a group here too small for a robust
+        rule is dropped (the sites' sums still count), as a site drops its own."""
         prototypes = [u.prototypes for u in group]
         counts = [u.prototype_counts for u in group]
         if not self.site_sums:
-            return aggregate_prototypes(self.aggregator.unclipped, prototypes, counts)  # type: ignore[arg-type]
-        groups = list(self.site_sums)
+            return aggregate_prototypes(self.aggregator.unclipped, prototypes, counts), []  # type: ignore[arg-type]
+        groups, dropped = list(self.site_sums), []
         if group and not self.aggregator.needs_individual_updates:
             groups.append(prototype_sums(prototypes, counts))  # type: ignore[arg-type]
         elif group:
-            merged, totals = aggregate_prototypes(self.aggregator.unclipped, prototypes, counts)  # type: ignore[arg-type]
-            groups.append((merged.astype(np.float64) * totals[:, None], totals))
-        shape = groups[-1][0].shape  # the agents' here (their majority's), else the sites' (checked against the task)
+            try:
+                merged, totals = aggregate_prototypes(self.aggregator.unclipped, prototypes, counts)  # type: ignore[arg-type]
+                groups.append((merged.astype(np.float64) * totals[:, None], totals))
+            except AggregationError as exc:
+                dropped = [Dropped(u.agent_id, RejectReason.SITE_TOO_FEW, f"the agents here, beside sites: {exc}")
+                           for u in group]
+        # Sites' sums are shaped as the task's prototypes (round/sites.py); the agents here as their majority, which
+        # agrees with the task unless the agents' models disagree with the task card: then the sites' are left out.
+        shape = groups[-1][0].shape
         kept = [g for g in groups if g[0].shape == shape]
         if len(kept) < len(groups):
             log.warning("%d site prototype sums are not shaped %s like the agents' here: left out",
                         len(groups) - len(kept), list(shape))
-        return merge_secure_sums(kept)
+        return merge_prototype_sums(kept), dropped
 
     def _mix(self, fresh: np.ndarray, fresh_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Server momentum: ``m * old + (1 - m) * fresh`` where both exist; otherwise whichever does."""

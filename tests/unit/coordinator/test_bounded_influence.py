@@ -14,7 +14,7 @@ from coordinator.round.norm_clip import HOLD, HOLD_MAX, NormGate, RoundNorms, Ru
 from coordinator.telemetry.evaluation import federated_metrics
 from protocol.messages import TrainMetrics, Update
 from tests.task_refs import DIGITS
-from tests.unit.coordinator.test_engine import Clock, hello, make_engine
+from tests.unit.coordinator.test_engine import Clock, hello, make_engine, send, update, weights
 
 
 def test_the_running_median_is_the_low_median() -> None:
@@ -111,7 +111,6 @@ def test_of_two_claims_the_lower_sets_the_round_s_claim_median(tmp_path: Path) -
 
 def _state_after_a_clipped_round(tmp_path: Path, order: list[str], **overrides: object) -> np.ndarray:
     """Seven agents; in round 2 three send deltas of 0.1 a value and four of 0.5: the weights it ends with."""
-    from tests.unit.coordinator.test_engine import send, update, weights
 
     agents = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
     engine, _, _ = make_engine(tmp_path, Clock(), max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7,
@@ -157,3 +156,54 @@ def test_the_gate_holds_a_family_s_cohort_up_to_hold_max_or_its_memory() -> None
     assert [gate.admit("g", i, 1.0) for i in range(HOLD)][-1] != []  # a cohort under HOLD still waits for HOLD
     assert all(gate.admit("h", i, 1.0) == [] for i in range(HOLD_MAX - 1)) and len(gate.admit("h", 0, 1.0)) == HOLD_MAX
     assert [len(gate.admit("m", i, 1.0, size=300)) for i in range(5)] == [0, 0, 0, 4, 1]  # a fourth: 1,200 bytes
+
+
+RESUME_AGENTS = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
+RESUME_SETTINGS = dict(max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7, min_fit_agents=7)
+
+
+def _resumed_round(tmp_path: Path, order: list[str]) -> np.ndarray:
+    clock = Clock()
+    engine, _, _ = make_engine(tmp_path, clock, **RESUME_SETTINGS)
+    for agent_id in RESUME_AGENTS:
+        hello(engine, agent_id)
+    engine.tick()
+    for agent_id in RESUME_AGENTS:
+        send(engine, update(engine, agent_id, 1))
+    engine.tick(), engine.tick()
+    assert engine.run.open is not None and engine.run.open.number == 2
+    # the coordinator restarts with round 2 open; its agents say hello again and answer
+    engine, outbox, _ = make_engine(tmp_path, clock, **RESUME_SETTINGS)
+    assert engine.run.open is not None and engine.run.open.number == 2
+    engine.outbox = outbox
+    for agent_id in RESUME_AGENTS:
+        hello(engine, agent_id)
+    for agent_id in order:
+        size = 0.1 if agent_id.startswith("s") else 0.5
+        send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
+    engine.tick()
+    assert engine.run.next_round == 3
+    return engine.strategy.states["f"].weights["w"].copy()
+
+
+def test_a_resumed_round_s_bound_does_not_depend_on_arrival_order(tmp_path: Path) -> None:
+    """Resumed at start-up, the round's gate knew no agent's family yet (no status heard): it held only HOLD deltas
+    and the bound depended on the order again. Selected agents of unknown family now count in every cohort."""
+    small_first = _resumed_round(tmp_path / "a", ["s1", "s2", "s3", "l1", "l2", "l3", "l4"])
+    large_first = _resumed_round(tmp_path / "b", ["l1", "l2", "l3", "l4", "s1", "s2", "s3"])
+    np.testing.assert_allclose(small_first, large_first, rtol=1e-6)
+
+
+GATE_SIZE = 100
+
+
+def test_what_the_gate_holds_for_cohorts_stays_within_hold_bytes_over_all_families() -> None:
+    """One budget for the round, not one a family (64 families could each have held aggregation_memory_mb)."""
+    families = [f"f{i}" for i in range(8)]
+    gate: NormGate[int] = NormGate(RoundNorms(1.0), {f: 30 for f in families}, hold_bytes=1000)
+    for family in families:
+        for i in range(10):  # the tenth brings the family to 1000 bytes: still held
+            gate.admit(family, i, 1.0, size=GATE_SIZE)
+    held = sum(len(items) for items in gate.held.values()) * GATE_SIZE
+    baseline = len(families) * HOLD * GATE_SIZE  # held before 14c9699 too, whatever the budget
+    assert held - baseline <= gate.hold_bytes

@@ -45,7 +45,8 @@ def federation(tmp_path: Path, with_sites: bool, **overrides: object):  # type: 
     clock = Clock()
     root, outbox, metrics = make_engine(tmp_path / "root", clock, **{**PROTO, **overrides})
     at_site = {k: v for k, v in {**PROTO, **overrides}.items()  # a site's own: how it folds, not the root's plan
-               if k in ("algorithm", "proto_momentum", "claim_cap_multiple", "max_norm_ratio", "rounds", "aggregator")}
+               if k in ("algorithm", "proto_momentum", "claim_cap_multiple", "max_norm_ratio", "rounds", "aggregator",
+                        "byzantine_f")}
     sites = {s: site_engine(tmp_path, s, clock, **at_site) for s in SITES} if with_sites else {}
     for site_id, agents in SITES.items():
         for agent in agents:
@@ -133,11 +134,16 @@ def test_under_a_robust_rule_each_site_sends_its_rule_s_result_weighted_by_its_c
     (lambda p: {"prototype_counts": p.prototype_counts * 100}, "more than the"),
     (lambda p: {"prototype_sums": p.prototype_sums[:, :-1].copy()}, "the task's prototypes"),
     (lambda p: {"prototype_sums": p.prototype_sums * 1e300}, "not finite in float32"),
+    (lambda p: {"prototype_counts": np.where(np.arange(len(p.prototype_counts)) < 4, 2**62, 0).astype("<i8"),
+                "prototype_sums": (np.arange(len(p.prototype_counts)) < 4)[:, None] * np.full_like(p.prototype_sums,
+                                                                                                  100.0 * 2**62)},
+     "more than the"),  # four classes of 2**62: their int64 sum wraps to 0
 ])
 def test_a_site_lying_about_its_prototype_sums_is_refused_whole(tmp_path: Path, lie, why: str,  # type: ignore[no-untyped-def]
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """s3 inflates its counts (its agents would own their classes), sends another shape, or sums whose mean
-    overflows float32: its partial is refused, its agents count for nothing, the round completes without them."""
+    """s3 inflates its counts (its agents would own their classes; also past int64, where a numpy sum wraps), sends
+    another shape, or sums whose mean overflows float32: its partial is refused, its agents count for nothing, the
+    round completes without them."""
     root, outbox, metrics, sites, clock = federation(tmp_path, with_sites=True)
     sent = local_prototypes(0)
 
@@ -195,3 +201,90 @@ def test_a_site_keeps_fedproto_out_of_secure_rounds(tmp_path: Path) -> None:
     partials = [decode_message(p, PartialAggregate) for _, p in tick_site(site)[1]]
     assert {o.reason for p in partials for o in p.outcomes.values()} == {"site_unsupported"}
     assert all(p.prototype_sums is None for p in partials)
+
+
+def test_a_site_counts_its_agents_for_no_more_than_the_round_s_claim_cap(tmp_path: Path) -> None:
+    """With the claim cap on (the median claim, 25), s3 says its 30-sample agent c holds 1,000,000 samples, all of
+    class 0: the partial's counts exceed what c counts for here (25), and it is refused."""
+    root, outbox, metrics, sites, _ = federation(tmp_path, with_sites=True, claim_cap_multiple=1.0)
+
+    def lie(partial: PartialAggregate) -> PartialAggregate:
+        if partial.site_id != "s3" or partial.family != "cnn_large":
+            return partial
+        counts = np.zeros_like(partial.prototype_counts)
+        counts[0] = 1_000_000
+        sums = np.zeros_like(partial.prototype_sums)
+        sums[0] = 100.0 * 1_000_000
+        outcomes = {a: o.model_copy(update={"samples": 1_000_000}) for a, o in partial.outcomes.items()}
+        return partial.model_copy(update={"prototype_counts": counts, "prototype_sums": sums, "outcomes": outcomes})
+
+    announcement = run_round(root, outbox, sites, local_prototypes(0), lie)
+    assert announcement.claim_cap == 25
+    assert rejected(metrics, "bad_partial", "partial") == 1
+
+
+def iid_prototypes(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every agent holds every class (so no class lacks holders for a robust rule over all seven)."""
+    rng = np.random.default_rng(seed)
+    classes, dim = local_prototypes(0)["a"][0].shape
+    out = {}
+    for agent, samples in SAMPLES.items():
+        counts = np.full(classes, samples // classes, dtype=np.int64)
+        counts[: samples % classes] += 1
+        out[agent] = (rng.normal(1.0, 1.0, (classes, dim)).astype(np.float32), counts)
+    return out
+
+
+def test_a_site_whose_rule_lacks_holders_of_a_class_counts_none_of_those_agents(tmp_path: Path) -> None:
+    """Krum at a site with one or two agents of a family (too few for it): the rule raised out of the site's close
+    and the site process died; now those agents are rejected (``site_too_few``), as a site's deltas are."""
+    root, outbox, _, sites, _ = federation(tmp_path, with_sites=True, aggregator="krum")
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site = sites["s3"]
+    site.on_message(TOPICS.rounds_current, payload)
+    for agent in SITES["s3"]:
+        site.on_message(TOPICS.update(agent, 1), encode_message(answer(announcement, agent, root.run.run_id,
+                                                                       iid_prototypes(0))))
+    partials = [decode_message(p, PartialAggregate) for _, p in tick_site(site)[1]]
+    assert {a: o.reason for p in partials for a, o in p.outcomes.items()} == dict.fromkeys(SITES["s3"], "site_too_few")
+    assert all(p.prototype_sums is None and p.count == 0 for p in partials)
+
+
+def test_a_robust_root_beside_sites_drops_its_own_too_few_agents_not_the_round(tmp_path: Path) -> None:
+    """The median (byzantine_f 1) at the root over its one direct agent, beside sites that fold the mean: that group
+    is too small for the rule and used to fail every round; now h is dropped and the sites' sums make the round."""
+    root, outbox, _, sites, _ = federation(tmp_path, with_sites=True, aggregator="median", byzantine_f=1)
+    for site in sites.values():  # the sites fold the mean (their own setting)
+        site.rule = None
+    sent = iid_prototypes(0)
+    run_round(root, outbox, sites, sent)
+    summary = root.last_summary
+    assert summary.outcome == "completed" and summary.rejected == 1, summary
+    at_sites = [a for agents in SITES.values() for a in agents]
+    mean = build_aggregator(CoordinatorSettings(federation="t", enrollment="open", algorithm="fedproto")).unclipped
+    plain, _ = aggregate_prototypes(mean, [sent[a][0] for a in at_sites], [sent[a][1] for a in at_sites])
+    np.testing.assert_allclose(prototypes_of(root, outbox, 2).prototypes, plain, rtol=1e-6, atol=1e-6)
+
+
+def test_plain_prototype_sums_in_a_secure_round_are_refused(tmp_path: Path) -> None:
+    """An honest site refuses FedProto's plain updates in a secure round; a lying one's plain prototype sums are
+    refused at the root (they would stand outside the round's one session)."""
+    from tests.unit.coordinator.test_secure_rounds import SECURE
+
+    root, outbox, metrics, _, _ = federation(tmp_path, with_sites=True, **{k: v for k, v in SECURE.items()
+                                                                           if k not in PROTO}, secagg_prototype_clip=4.0)
+    root.tick()
+    announcement = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
+    assert announcement.secure is not None
+    from protocol.partials import AgentOutcome
+
+    prototypes, counts = local_prototypes(0)["a"]
+    partial = PartialAggregate(run_id=root.run.run_id, site_id="s1", round=1, family="cnn_large", base_digest=None,
+                               total_weight=float(SAMPLES["a"]), count=1,
+                               outcomes={"a": AgentOutcome(outcome="accepted", samples=SAMPLES["a"],
+                                                           weight=float(SAMPLES["a"]))},
+                               prototype_sums=prototypes.astype("<f8") * counts[:, None], prototype_counts=counts)
+    root.on_message(TOPICS.partial("s1", 1), encode_message(partial))
+    assert rejected(metrics, "bad_partial", "partial") == 1 and "a" not in root.run.open.updates

@@ -302,3 +302,76 @@ def test_a_site_clips_against_its_whole_cohort_s_median_whatever_order_its_agent
     np.testing.assert_array_equal(states[0], states[1])
     total = sum(SAMPLES.values())  # every delta 0.1 a value: at s3 clipped to it, at s1 and s2 sent so
     np.testing.assert_allclose(states[0], 1.0 + 0.1 * total / total, rtol=1e-6)
+
+
+def _restarted_site_mean(tmp_path: Path, order: list[str]) -> np.ndarray:
+    root, outbox, _, sites = setup(tmp_path, "x", with_sites=True, site_overrides={"max_norm_ratio": 1.0})
+    run_rounds(root, outbox, sites, 1)  # the bootstrap
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site = site_engine(tmp_path / "restarted", "s3", Clock(), max_norm_ratio=1.0)  # s3's aggregator restarted
+    site.on_message(TOPICS.rounds_current, payload)  # the retained announcement first ...
+    for agent in order:
+        hello(site, agent, samples=SAMPLES[agent])  # ... then the retained statuses
+    for agent in order:
+        size = 0.5 if agent in ("c3", "c4") else 0.1
+        delta = {k: np.full_like(v, size) for k, v in weights(0).items()}
+        site.on_message(TOPICS.update(agent, announcement.round),
+                        encode_message(answer(announcement, agent, root.run.run_id, delta)))
+    (_, sealed), = tick_site(site)[1]
+    partial = decode_message(sealed, PartialAggregate)
+    return partial.sums["w"] / partial.total_weight
+
+
+def test_a_restarted_site_s_clip_does_not_depend_on_arrival_order(tmp_path: Path) -> None:
+    """A site that restarts hears the retained announcement before its agents' retained statuses: it knew no cohort
+    and held only HOLD deltas. Selected agents it does not know now count in every family's cohort."""
+    forward = _restarted_site_mean(tmp_path / "f", ["c1", "c2", "c3", "c4"])
+    backward = _restarted_site_mean(tmp_path / "b", ["c4", "c3", "c2", "c1"])
+    np.testing.assert_allclose(forward, backward, rtol=1e-9)
+
+
+ORDER_DIRECT = {"d1": 0.1, "d2": 5.0, "d3": 5.0}
+
+
+def _model_with_partials_after(tmp_path: Path, name: str, partials_after: int) -> np.ndarray:
+    root, outbox, _, sites = setup(tmp_path, name, with_sites=True, max_norm_ratio=1.0)
+    for d in ORDER_DIRECT:
+        hello(root, d, samples=SAMPLES[d])
+    for round_number in (1, 2):
+        root.tick()
+        payload = outbox.last(TOPICS.rounds_current)
+        announcement = decode_message(payload, RoundAnnouncement)
+        assert announcement.round == round_number and set(ORDER_DIRECT) <= set(announcement.selected)
+        partials = []
+        for site_id, agents in SITES.items():
+            site = sites[site_id]
+            site.on_message(TOPICS.rounds_current, payload)
+            for agent in agents:
+                site.on_message(TOPICS.update(agent, round_number),
+                                encode_message(plain_answer(announcement, agent, root.run.run_id)))
+            partials += tick_site(site)[1]
+        direct = []
+        for d, size in ORDER_DIRECT.items():
+            arrays = weights(1.0) if round_number == 1 else {k: np.full_like(v, size) for k, v in weights(0).items()}
+            direct.append((TOPICS.update(d, round_number), encode_message(answer(announcement, d, root.run.run_id,
+                                                                                 arrays))))
+        cut = partials_after if round_number == 2 else len(direct)
+        for topic, message in direct[:cut] + partials + direct[cut:]:
+            root.on_message(topic, message)
+        root.tick()
+        assert root.last_summary.round == round_number and root.last_summary.outcome == "completed"
+    root.tick()
+    return decode_message(outbox.last(TOPICS.global_state("f", 3)), GlobalState).weights["w"]
+
+
+def test_the_root_s_bound_on_a_site_s_mean_does_not_depend_on_arrival_order(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A site's mean is bounded by the root's median of direct deltas: taken when the partial arrived, that rested
+    on whichever direct deltas came first. While the gate holds the family's deltas the sums wait for the close."""
+    for d in ORDER_DIRECT:
+        monkeypatch.setitem(SAMPLES, d, 10)
+    partials_early = _model_with_partials_after(tmp_path, "early", partials_after=1)
+    partials_late = _model_with_partials_after(tmp_path, "late", partials_after=3)
+    np.testing.assert_allclose(partials_early, partials_late, rtol=1e-6)
