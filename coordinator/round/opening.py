@@ -132,8 +132,9 @@ def begin(parts: EngineParts, run: RunState) -> None:
     parts.strategy.begin_round(len(run.open.selected),
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                                spill_dir=parts.settings.state_dir / "spill")
+    behind = parts.rosters.site_of  # agents behind site aggregators: their deltas come in their sites' sums
     families = [record.status.family if (record := parts.registry.get(agent_id)) is not None else None
-                for agent_id in run.open.selected]
+                for agent_id in run.open.selected if agent_id not in behind]
     cohorts = Counter(family for family in families if family is not None)
     run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried()), cohorts,
                              hold_bytes=parts.settings.aggregation_memory_mb * 1024**2, others=families.count(None))
