@@ -123,8 +123,9 @@ class CoordinatorSettings(BrokerSettings):
         "samples: weight updates by sample count; kl: also by exp(-KL / kl_temperature) (topped up so that no class "
         "weighs less than under sample-count weighting), KL of the agent's label "
         "distribution to the federation's (agents report label counts, except under DP)"))
-    kl_temperature: float = Field(default=1.0, gt=0.0, le=100.0, description=(
-        "kl weighting: an agent at KL = temperature keeps e^-1 = 37% of its weight"))
+    kl_temperature: float = Field(default=1.0, ge=0.1, le=100.0, description=(
+        "kl weighting: an agent at KL = temperature keeps e^-1 = 37% of its weight; at least 0.1 (below, every "
+        "skewed agent's factor can underflow to 0 and every round fail with no weight)"))
 
     # who, and how long to wait for them
     seed: int = Field(default=0, description="seed of agent selection (with the round number: a restart re-selects alike)")

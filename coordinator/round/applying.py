@@ -60,6 +60,8 @@ def apply_status(parts: EngineParts, run: RunState, agent_id: str, status: Agent
 
 def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -> None:
     status = decision.status
+    if status.label_counts is not None and parts.task.card.kind != "classification":
+        status = status.model_copy(update={"label_counts": None})  # a regression task has no label space
     parts.labels.observe_status(status)  # no label counts: forgets the ones it sent before
     if status.label_counts is not None:  # kept by the label index only: the registry holds many statuses
         status = status.model_copy(update={"label_counts": None})
@@ -104,7 +106,11 @@ def apply_update(parts: EngineParts, run: RunState, inbound: UpdateIn, decision:
         agent_id = inbound.update.agent_id
         waiting = next((i for i, w in enumerate(run.deferred) if w.update.agent_id == agent_id), None)
         if waiting is not None and inbound.update.round > run.deferred[waiting].update.round:
-            run.deferred[waiting] = inbound  # its newer work: the older would be refused once this is applied
+            older = run.deferred[waiting].update.round  # its newer work waits instead: the older would be refused
+            run.deferred[waiting] = inbound  # once this is applied; it is refused (and counted) now
+            refuse_update(parts, run, agent_id, Reject(
+                RejectReason.DEFERRED_OVERFLOW, f"its update of version {older} waited; one of version "
+                                                f"{inbound.update.round} takes its place"))
             return
         if waiting is not None:
             # One waits per agent: its updates are checked only once they are taken, so more would let one

@@ -16,6 +16,7 @@ from coordinator.fleet.selection import plan_selection
 from coordinator.fleet.waiting import not_available
 from coordinator.reasons import RejectReason
 from coordinator.round.actions import Save
+from coordinator.round.applying import admission_view
 from coordinator.round.broadcast import publish_states, publish_status
 from coordinator.round.norm_clip import NormGate, RoundNorms
 from coordinator.round.notifying import notify
@@ -140,3 +141,5 @@ def begin(parts: EngineParts, run: RunState) -> None:
                              hold_bytes=parts.settings.aggregation_memory_mb * 1024**2, others=families.count(None))
     run.site_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.site_gate.norms.carried()))
     run.pending_sums = []
+    # A status's label histogram counts for no more samples than the agent's updates may (the round's claim cap).
+    parts.labels.set_caps(admission_view(parts, run, parts.clock()).sample_cap)

@@ -76,7 +76,12 @@ class _Agent:
     device: str
     num_samples: int
     counts: np.ndarray | None
-    """int64 [C], read-only; None when it sent none (DP, regression, older agent)."""
+    """int64 [C], read-only, scaled down to the agent's sample cap (``LabelSkew.set_caps``); None when it sent none
+    (DP, regression, older agent)."""
+    raw: np.ndarray | None = None
+    """The histogram as the status said, to rescale when the caps change."""
+    claimed: int = 0
+    """The status's num_samples; ``num_samples`` is it capped."""
 
 
 class LabelSkew:
@@ -99,7 +104,10 @@ class LabelSkew:
         self.protection = protection
         """Rare-class floor of the KL factor (``rare_classes``): 1 keeps a sole holder's weight, 0 is plain KL."""
         self._protections: dict[float, Protection] = {}
-        """The rare-class top-ups per temperature, cleared on every change of counts or sample counts."""
+        """The rare-class top-ups per temperature, cleared on every change of counts or sample counts (once caps are
+        set, at each ``set_caps`` only: a round's snapshot)."""
+        self._cap_of: Callable[[str], int] | None = None
+        """Each agent's sample cap (``set_caps``): a histogram counts for no more samples than its updates may."""
         self._agents: dict[str, _Agent] = {}
         self._total: np.ndarray | None = None if num_classes is None else np.zeros(num_classes, np.int64)
         """Running sum of every known histogram (int64 [C]); None until the label space is known."""
@@ -136,22 +144,50 @@ class LabelSkew:
         """Record the agent's latest status; ``label_counts`` None drops a histogram it sent before."""
         if num_samples < 0:
             raise ValueError(f"{agent_id}: negative num_samples {num_samples}")
-        counts = None if label_counts is None else self._checked(agent_id, label_counts, num_samples)
+        raw = None if label_counts is None else self._checked(agent_id, label_counts, num_samples)
         previous = self._agents.get(agent_id)
-        if previous is not None and previous.num_samples == num_samples and (
-                counts is None if previous.counts is None else counts is not None and np.array_equal(previous.counts, counts)):
+        if previous is not None and previous.claimed == num_samples and (
+                raw is None if previous.raw is None else raw is not None and np.array_equal(previous.raw, raw)):
             previous.device = device  # a repeated status: every cache stays valid
             return
-        self._protections.clear()
+        if self._cap_of is None:  # standalone: the top-ups follow every change; in a run, one snapshot a round
+            self._protections.clear()
         if previous is not None and previous.counts is not None:
             self._remove_counts(previous.counts)
-        if counts is not None:
+        self._agents[agent_id] = agent = self._capped(agent_id, device, int(num_samples), raw)
+        if agent.counts is not None:
             if self._total is None:
-                self._total = np.zeros(len(counts), np.int64)
-            self._total += counts
+                self._total = np.zeros(len(agent.counts), np.int64)
+            self._total += agent.counts
             self._with_counts += 1
             self._log_q = None
-        self._agents[agent_id] = _Agent(device, int(num_samples), counts)
+
+    def set_caps(self, cap_of: Callable[[str], int]) -> None:
+        """Each agent's histogram counts for at most ``cap_of(agent)`` samples, as its updates do: one device
+        claiming a billion samples of one class in its status would otherwise be most of the federation's label
+        distribution, push every honest agent's factor down and hide a class it does not hold. Called as a round
+        opens (the claim cap follows the round's median claim); the rare-class top-ups are then taken afresh and
+        kept for the round, so a status changing between updates cannot make every update recompute them."""
+        self._cap_of = cap_of
+        self._protections.clear()
+        self._log_q = None
+        total = None if self._total is None else np.zeros_like(self._total)
+        for agent_id, agent in list(self._agents.items()):
+            self._agents[agent_id] = agent = self._capped(agent_id, agent.device, agent.claimed, agent.raw)
+            if agent.counts is not None and total is not None:
+                total += agent.counts
+        if total is not None:
+            self._total = total
+
+    def _capped(self, agent_id: str, device: str, claimed: int, raw: np.ndarray | None) -> _Agent:
+        cap = self._cap_of(agent_id) if self._cap_of is not None else None
+        if cap is None or claimed <= cap:
+            return _Agent(device, claimed, raw, raw, claimed)
+        counts = None
+        if raw is not None:  # scaled down, floored: never more than the cap, proportions kept to a sample
+            counts = (raw.astype(np.float64) * (cap / claimed)).astype(np.int64)
+            counts.flags.writeable = False
+        return _Agent(device, int(cap), counts, raw, claimed)
 
     def forget(self, agent_id: str) -> None:
         previous = self._agents.pop(agent_id, None)
@@ -222,9 +258,9 @@ class LabelSkew:
     def distribution(self, agent_id: str) -> np.ndarray | None:
         """The agent's label proportions, None without a histogram of at least one sample."""
         agent = self._agents.get(agent_id)
-        if agent is None or agent.counts is None or agent.num_samples == 0:
+        if agent is None or agent.raw is None or agent.claimed == 0:
             return None
-        return agent.counts / float(agent.num_samples)
+        return agent.raw / float(agent.claimed)  # proportions as reported: a cap scales counts, not their shape
 
     def kl(self, agent_id: str) -> float | None:
         """KL(p_agent || q_federation) in nats; None for an unknown agent or one without a histogram."""
@@ -264,7 +300,7 @@ class LabelSkew:
 
     def _chunks(self, temperature: float) -> Iterator[Chunk]:
         """(samples, exp(-KL / T), counts) of the labelled agents, in chunks of bounded memory."""
-        labelled = [a for a in self._agents.values() if a.counts is not None and a.num_samples > 0]
+        labelled = [a for a in self._agents.values() if a.counts is not None and a.claimed > 0]
         log_q = self._federation_log()
         if not labelled or log_q is None:
             return
@@ -272,8 +308,10 @@ class LabelSkew:
         for start in range(0, len(labelled), rows):
             part = labelled[start:start + rows]
             counts = np.stack([a.counts for a in part]).astype(np.float64)  # type: ignore[misc]
-            samples = np.array([a.num_samples for a in part], dtype=np.float64)
-            yield samples, np.exp(-_kl_rows(counts / samples[:, None], log_q) / temperature), counts
+            samples = np.array([a.num_samples for a in part], dtype=np.float64)  # capped, as the counts
+            p = np.stack([a.raw for a in part]).astype(np.float64)  # type: ignore[misc]
+            p /= np.array([a.claimed for a in part], dtype=np.float64)[:, None]
+            yield samples, np.exp(-_kl_rows(p, log_q) / temperature), counts
 
     def weighting_summary(self, temperature: float) -> WeightingSummary:
         """The smallest factor and the class losing most weight under KL weighting; O(agents x classes)."""
@@ -296,11 +334,11 @@ class LabelSkew:
     # -- summary --------------------------------------------------------------------------
     def summary(self) -> HeterogeneitySummary:
         """KL per device class, the label-skew index and the CV of sample counts; O(agents x classes)."""
-        samples = np.array([a.num_samples for a in self._agents.values()], dtype=np.float64)
+        samples = np.array([a.claimed for a in self._agents.values()], dtype=np.float64)
         cv = None
         if len(samples) and samples.mean() > 0:
             cv = float(samples.std() / samples.mean())
-        labelled = [a for a in self._agents.values() if a.counts is not None and a.num_samples > 0]
+        labelled = [a for a in self._agents.values() if a.raw is not None and a.claimed > 0]
         log_q = self._federation_log()
         if not labelled or log_q is None:
             return HeterogeneitySummary(agents=len(self._agents), labelled=0, sample_count_cv=cv)
@@ -313,8 +351,8 @@ class LabelSkew:
         rows = max(1, _CHUNK_ELEMENTS // classes)
         for start in range(0, len(labelled), rows):
             chunk = labelled[start:start + rows]
-            p = np.stack([a.counts for a in chunk]).astype(np.float64)  # type: ignore[misc]
-            p /= np.array([a.num_samples for a in chunk], dtype=np.float64)[:, None]
+            p = np.stack([a.raw for a in chunk]).astype(np.float64)  # type: ignore[misc]
+            p /= np.array([a.claimed for a in chunk], dtype=np.float64)[:, None]
             sum_p += p.sum(axis=0)
             sum_p2 += np.square(p).sum(axis=0)
             kls = _kl_rows(p, log_q)

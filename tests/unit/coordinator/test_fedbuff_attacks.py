@@ -58,12 +58,13 @@ def test_a_newer_update_replaces_its_agents_older_one_in_the_queue(tmp_path: Pat
     engine, _, metrics, _ = start(tmp_path)
     send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
     engine.tick(), engine.tick()
-    send(engine, update(engine, "b", 2)), send(engine, update(engine, "c", 2))
+    send(engine, update(engine, "a", 2)), send(engine, update(engine, "b", 2))
     engine.tick()  # version 2 closes
-    send(engine, update(engine, "a", 1, delta=weights(0.1)))  # a's stale work ...
-    send(engine, update(engine, "a", 2, delta=weights(0.2)))  # ... then its newer work, both while none is open
-    assert [w.update.round for w in engine.engine.run.deferred] == [2]
-    assert rejected(metrics, "deferred_overflow") == 0
+    send(engine, update(engine, "c", 1, delta=weights(0.1)))  # c's stale work ...
+    send(engine, update(engine, "c", 2, delta=weights(0.2)))  # ... then its newer work, both while none is open
+    assert [(w.update.agent_id, w.update.round) for w in engine.engine.run.deferred] == [("c", 2)]
+    assert rejected(metrics, "deferred_overflow") == 1  # the older is refused and counted: every update accounted
+    assert rejected(metrics, "duplicate") == 0
 
 
 @pytest.mark.parametrize("buffer_size", [1, 2])

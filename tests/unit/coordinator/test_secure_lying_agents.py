@@ -184,7 +184,7 @@ def test_a_fedproto_survivor_cannot_count_for_more_samples_than_it_has(tmp_path:
 
     def own_class(message: SecureMasked) -> SecureMasked:
         masked = np.array(message.masked, dtype=np.uint32, copy=True)
-        masked[CLASSES * DIM + 0] += np.uint32(3 * grid.bound)  # class 0's weight element: +3 weight units
+        masked[CLASSES * DIM + 0] = (int(masked[CLASSES * DIM + 0]) + 3 * grid.bound) % 2**32  # its weight: +3 units
         return message.model_copy(update={"masked": masked})
     forged = forge(fleet, "d", "masked", SecureMasked, own_class)
     proto_train(fleet, local_prototypes(0))
