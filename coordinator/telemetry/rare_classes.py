@@ -22,8 +22,9 @@ Why the cap ``max(f_k, m)`` makes it robust to a lying agent: label counts are s
 liar may claim any class, but a top-up never lifts it above ``m``, the relative weight sample
 weighting would give its (capped) sample count; it could already reach factor 1 by claiming the
 federation's own distribution (KL 0). What a lie can do is dilute the honest holders' shares of
-the class it claims (``S_c`` grows by the claim, bounded by its sample cap): their top-up then
-counts the fake mass, which is no worse than plain ``exp(-KL / T)``.
+the class it claims (``S_c`` grows by the claim, bounded by its sample cap: ``LabelSkew.set_caps``
+scales every histogram to it): their top-up then counts the fake mass, which is no worse than plain
+``exp(-KL / T)``.
 
 Pure numpy over chunks of stacked histograms (bounded memory); ``LabelSkew`` feeds them.
 """

@@ -109,18 +109,29 @@ def test_of_two_claims_the_lower_sets_the_round_s_claim_median(tmp_path: Path) -
     assert engine.run.open is not None and engine.run.open.median_claim == 10
 
 
-def _state_after_a_clipped_round(tmp_path: Path, order: list[str], **overrides: object) -> np.ndarray:
-    """Seven agents; in round 2 three send deltas of 0.1 a value and four of 0.5: the weights it ends with."""
+SEVEN = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
 
-    agents = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
-    engine, _, _ = make_engine(tmp_path, Clock(), max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7,
-                               min_fit_agents=7, **overrides)
-    for agent_id in agents:
+
+def _state_after_a_clipped_round(tmp_path: Path, order: list[str], restart: bool = False,
+                                 **overrides: object) -> np.ndarray:
+    """Seven agents; in round 2 three send deltas of 0.1 a value and four of 0.5 (in ``order``; ``restart``: the
+    coordinator restarts with round 2 open, and its agents say hello again first): the weights it ends with."""
+    settings = {"max_norm_ratio": 1.0, "claim_cap_multiple": 0.0, "min_available_agents": 7, "min_fit_agents": 7,
+                **overrides}
+    clock = Clock()
+    engine, _, _ = make_engine(tmp_path, clock, **settings)
+    for agent_id in SEVEN:
         hello(engine, agent_id)
     engine.tick()
-    for agent_id in agents:
+    for agent_id in SEVEN:
         send(engine, update(engine, agent_id, 1))
     engine.tick(), engine.tick()
+    if restart:
+        engine, outbox, _ = make_engine(tmp_path, clock, **settings)
+        assert engine.run.open is not None and engine.run.open.number == 2
+        engine.outbox = outbox
+        for agent_id in SEVEN:
+            hello(engine, agent_id)
     for agent_id in order:
         size = 0.1 if agent_id.startswith("s") else 0.5
         send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
@@ -158,39 +169,11 @@ def test_the_gate_holds_a_family_s_cohort_up_to_hold_max_or_its_memory() -> None
     assert [len(gate.admit("m", i, 1.0, size=300)) for i in range(5)] == [0, 0, 0, 4, 1]  # a fourth: 1,200 bytes
 
 
-RESUME_AGENTS = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
-RESUME_SETTINGS = dict(max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7, min_fit_agents=7)
-
-
-def _resumed_round(tmp_path: Path, order: list[str]) -> np.ndarray:
-    clock = Clock()
-    engine, _, _ = make_engine(tmp_path, clock, **RESUME_SETTINGS)
-    for agent_id in RESUME_AGENTS:
-        hello(engine, agent_id)
-    engine.tick()
-    for agent_id in RESUME_AGENTS:
-        send(engine, update(engine, agent_id, 1))
-    engine.tick(), engine.tick()
-    assert engine.run.open is not None and engine.run.open.number == 2
-    # the coordinator restarts with round 2 open; its agents say hello again and answer
-    engine, outbox, _ = make_engine(tmp_path, clock, **RESUME_SETTINGS)
-    assert engine.run.open is not None and engine.run.open.number == 2
-    engine.outbox = outbox
-    for agent_id in RESUME_AGENTS:
-        hello(engine, agent_id)
-    for agent_id in order:
-        size = 0.1 if agent_id.startswith("s") else 0.5
-        send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
-    engine.tick()
-    assert engine.run.next_round == 3
-    return engine.strategy.states["f"].weights["w"].copy()
-
-
 def test_a_resumed_round_s_bound_does_not_depend_on_arrival_order(tmp_path: Path) -> None:
     """Resumed at start-up, the round's gate knew no agent's family yet (no status heard): it held only HOLD deltas
     and the bound depended on the order again. Selected agents of unknown family now count in every cohort."""
-    small_first = _resumed_round(tmp_path / "a", ["s1", "s2", "s3", "l1", "l2", "l3", "l4"])
-    large_first = _resumed_round(tmp_path / "b", ["l1", "l2", "l3", "l4", "s1", "s2", "s3"])
+    small_first = _state_after_a_clipped_round(tmp_path / "a", SEVEN, restart=True)
+    large_first = _state_after_a_clipped_round(tmp_path / "b", SEVEN[3:] + SEVEN[:3], restart=True)
     np.testing.assert_allclose(small_first, large_first, rtol=1e-6)
 
 

@@ -82,6 +82,19 @@ def run_round(root, outbox, sites: dict[str, SiteEngine], sent: dict[str, tuple[
     return announcement
 
 
+def site_round_one(root, outbox, sites: dict[str, SiteEngine], site_id: str,  # type: ignore[no-untyped-def]
+                   sent: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[RoundAnnouncement, list[PartialAggregate]]:
+    """Round 1 announced, and ``site_id``'s agents answering it there: the announcement and the site's partials."""
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site = sites[site_id]
+    site.on_message(TOPICS.rounds_current, payload)
+    for agent in SITES[site_id]:
+        site.on_message(TOPICS.update(agent, 1), encode_message(answer(announcement, agent, root.run.run_id, sent)))
+    return announcement, [decode_message(p, PartialAggregate) for _, p in tick_site(site)[1]]
+
+
 def prototypes_of(root, outbox, round_number: int) -> GlobalState:  # type: ignore[no-untyped-def]
     """The prototypes published for ``round_number`` (the tick after a close publishes them)."""
     root.tick()
@@ -189,16 +202,8 @@ def test_a_site_keeps_fedproto_out_of_secure_rounds(tmp_path: Path) -> None:
 
     root, outbox, _, sites, _ = federation(tmp_path, with_sites=True, **{k: v for k, v in SECURE.items()
                                                                       if k not in PROTO}, secagg_prototype_clip=4.0)
-    root.tick()
-    payload = outbox.last(TOPICS.rounds_current)
-    announcement = decode_message(payload, RoundAnnouncement)
+    announcement, partials = site_round_one(root, outbox, sites, "s2", local_prototypes(0))
     assert announcement.secure is not None and not announcement.secure.sites
-    site = sites["s2"]
-    site.on_message(TOPICS.rounds_current, payload)
-    for agent in SITES["s2"]:
-        site.on_message(TOPICS.update(agent, 1), encode_message(answer(announcement, agent, root.run.run_id,
-                                                                       local_prototypes(0))))
-    partials = [decode_message(p, PartialAggregate) for _, p in tick_site(site)[1]]
     assert {o.reason for p in partials for o in p.outcomes.values()} == {"site_unsupported"}
     assert all(p.prototype_sums is None for p in partials)
 
@@ -239,15 +244,7 @@ def test_a_site_whose_rule_lacks_holders_of_a_class_counts_none_of_those_agents(
     """Krum at a site with one or two agents of a family (too few for it): the rule raised out of the site's close
     and the site process died; now those agents are rejected (``site_too_few``), as a site's deltas are."""
     root, outbox, _, sites, _ = federation(tmp_path, with_sites=True, aggregator="krum")
-    root.tick()
-    payload = outbox.last(TOPICS.rounds_current)
-    announcement = decode_message(payload, RoundAnnouncement)
-    site = sites["s3"]
-    site.on_message(TOPICS.rounds_current, payload)
-    for agent in SITES["s3"]:
-        site.on_message(TOPICS.update(agent, 1), encode_message(answer(announcement, agent, root.run.run_id,
-                                                                       iid_prototypes(0))))
-    partials = [decode_message(p, PartialAggregate) for _, p in tick_site(site)[1]]
+    _, partials = site_round_one(root, outbox, sites, "s3", iid_prototypes(0))
     assert {a: o.reason for p in partials for a, o in p.outcomes.items()} == dict.fromkeys(SITES["s3"], "site_too_few")
     assert all(p.prototype_sums is None and p.count == 0 for p in partials)
 
