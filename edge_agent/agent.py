@@ -155,9 +155,7 @@ class EdgeAgent:
         """The round on the training thread now; no other is started until its outcome is handled."""
         self._privacy_before_round: PrivacySpent | None = None
         """The privacy spend when the round in training started: what heartbeats report meanwhile."""
-        progress = state.read_json("progress") or {}
-        self._answered: tuple[str, int] | None = (
-            (progress["run_id"], int(progress["round"])) if "run_id" in progress else None)
+        self._answered: tuple[str, int] | None = read_progress(state)
 
     # -- status ---------------------------------------------------------------------------
     def status(self, state: str = "online", *, will: bool = False) -> AgentStatus:
@@ -166,6 +164,8 @@ class EdgeAgent:
         # While a round trains, its thread owns the worker, DP ledger included (it charges the round):
         # report the spend read when the round started rather than read the ledger while it changes.
         privacy = self._privacy_before_round if self._training is not None else self.worker.privacy_spent()
+        if will and privacy is not None and not privacy.exhausted:
+            privacy = None  # the will is built once: published after later rounds, its spend would look rolled back
         if privacy is not None and privacy.exhausted:
             state = "budget_exhausted"
         return AgentStatus(
@@ -341,7 +341,14 @@ class EdgeAgent:
 
     def _on_secure_settled(self, run_id: str, round_number: int, counted: bool) -> None:
         """A masked input left out of the sum: its SCAFFOLD variate step is undone (the server never added it)."""
-        if not counted and revert_control(self.state, run_id, self.worker.family, round_number):
+        if counted:
+            return
+        try:
+            undone = revert_control(self.state, run_id, self.worker.family, round_number)
+        except (ProtocolError, ValueError, KeyError, TypeError, OverflowError) as exc:  # the next round starts from 0
+            log.warning("round %d: control variate unreadable (%s): its step is not undone", round_number, exc)
+            return
+        if undone:
             log.warning("round %d: control variate step undone (the round's sum did not include it)", round_number)
 
     def _check_agreement(self, ann: RoundAnnouncement) -> None:
@@ -482,3 +489,15 @@ class EdgeAgent:
     def _mark_answered(self, ann: RoundAnnouncement) -> None:
         self._answered = (ann.run_id, ann.round)
         self.state.write_json("progress", {"run_id": ann.run_id, "round": ann.round})
+
+
+def read_progress(state: AgentStateDir) -> tuple[str, int] | None:
+    """The (run, round) this agent last answered, from ``progress.json``; ValueError naming the file if it is bad."""
+    progress = state.read_json("progress") or {}
+    if "run_id" not in progress:
+        return None
+    try:
+        return str(progress["run_id"]), int(progress["round"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{state.root / 'progress.json'} is malformed ({exc!r}); move it away (the agent then "
+                         f"may answer a round it answered before a restart once more)") from None

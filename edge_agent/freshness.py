@@ -52,11 +52,16 @@ class Freshness:
         self.state = state
         self.persist = persist
         saved = state.read_json(FILE) or {}
-        self.epoch = int(saved.get("coordinator_epoch", 0)) if persist else 0
+        try:
+            epoch, previous = int(saved.get("coordinator_epoch", 0)), int(saved.get("process_epoch", 0))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"{state.root / (FILE + '.json')} is malformed ({exc!r}); move it away to reset "
+                             f"it") from None
+        self.epoch = epoch if persist else 0
         """The newest coordinator epoch accepted."""
         self.run_id: str | None = saved.get("run_id") if persist else None
         """The run this agent is in: the one of that epoch."""
-        self.process_epoch = max(int(wall_clock() * 1000), int(saved.get("process_epoch", 0)) + 1)
+        self.process_epoch = max(int(wall_clock() * 1000), previous + 1)
         """This process's epoch, in its statuses."""
         self._seq = itertools.count(1)
         self._save()

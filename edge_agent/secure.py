@@ -100,7 +100,11 @@ class SecureParticipant:
         self._state = state
         pending = state.read_json(PENDING) if state is not None else None
         if pending is not None:  # a restart before the round was settled
-            self._answered, self._named = (str(pending["run_id"]), int(pending["round"])), bool(pending["named"])
+            try:
+                self._answered, self._named = (str(pending["run_id"]), int(pending["round"])), bool(pending["named"])
+            except (KeyError, TypeError, ValueError, OverflowError) as exc:
+                raise ValueError(f"{PENDING}.json in {state.root if state is not None else '?'} is malformed "
+                                 f"({exc!r}); move it away") from None
 
     def subscriptions(self) -> list[tuple[str, int]]:
         return [(self.topics.secagg_relays_of(self.family), 1), (self.topics.secagg_inbox_of(self.agent_id), 1)]
@@ -235,12 +239,12 @@ class SecureParticipant:
             return
         ref = ann.states.get(self.family)
         counted = self._named and ref is not None and ref.round > answered[1]
-        self._answered, self._named = None, False
-        self._keep_pending()
         if not counted:
             log.warning("round %d: this agent's masked input is not in the sum that was folded", answered[1])
-        if self._settled is not None:
+        if self._settled is not None:  # before the pending mark goes: a crash while settling settles again
             self._settled(answered[0], answered[1], counted)
+        self._answered, self._named = None, False
+        self._keep_pending()
 
     def _keep_pending(self) -> None:
         if self._state is None:

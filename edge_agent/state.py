@@ -78,8 +78,9 @@ class AgentStateDir:
             return None
         try:
             data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is corrupt: {exc}; move it away to reset it") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:  # the ledger's own checks say what a reset costs
+            raise ValueError(f"{path} is corrupt: {exc}; restore it from a backup, or move it away to reset "
+                             f"it (for privacy.json: the privacy budget starts again)") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a JSON object")
         return data

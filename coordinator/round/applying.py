@@ -77,7 +77,8 @@ def _observe(parts: EngineParts, run: RunState, decision: Observe, now: float) -
         m.agent_reconnects.labels(device).inc(seen.new_reconnects)
     if status.state == "offline" and run.open is not None and status.agent_id in run.open.selected_set:
         run.open.went_offline.add(status.agent_id)
-    _privacy_reported(parts, status.agent_id, status.device, status.privacy, now)
+    if status.state != "offline":  # a last will is written when the agent connects: its figure may be that old
+        _privacy_reported(parts, status.agent_id, status.device, status.privacy, now)
     if (previous is None or previous.status.state != status.state) and parts.state_log.allow(status.agent_id, "state",
                                                                                              now):
         spent = f", epsilon {status.privacy.epsilon:.4g}" if status.privacy is not None else ""

@@ -33,6 +33,7 @@ from edge_agent.models import FedModel
 from edge_agent.prototypes import class_prototypes, embed_all, nearest_prototype, prototype_distance, unit_rows
 from edge_agent.training import TrainResult
 from edge_agent.weights import get_arrays, set_arrays
+from protocol.arrays import all_finite
 from protocol.errors import ProtocolError, Reason
 from protocol.messages import GlobalState, LocalTraining
 
@@ -67,9 +68,12 @@ class FedProtoClient(ClientAlgorithm):
         self.state.remove_matching(FILE_PREFIX, keep=self.state_name)  # earlier runs' models
         try:
             personal = self.state.read_arrays(self.state_name)
+            if personal is not None and not all(all_finite(a) for a in personal.values() if a.dtype.kind == "f"
+                                                and a.size):
+                raise ValueError("it holds NaN or Inf")  # every round would fail on its loss
             if personal is not None:
                 set_arrays(model, personal)
-        except (ProtocolError, ValueError) as exc:
+        except (ProtocolError, ValueError, TypeError) as exc:
             log.warning("personal model %s unusable (%s); starting again from the initialisation",
                         self.state_name, exc)
         self.global_prototypes: torch.Tensor | None = None

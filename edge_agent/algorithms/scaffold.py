@@ -36,7 +36,7 @@ from edge_agent.models import FedModel
 from edge_agent.state import AgentStateDir
 from edge_agent.training import TrainResult
 from edge_agent.weights import get_arrays, subtract
-from protocol.arrays import check_layout, layout_of
+from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.errors import ProtocolError
 from protocol.messages import GlobalState, LocalTraining
 
@@ -114,11 +114,13 @@ class ScaffoldClient(ClientAlgorithm):
             stored = self.state.read_arrays(self.state_name)
             if stored is None:
                 return zeros
-            prefix = _BEFORE if int(stored[_ROUND]) == self.context.round else _AFTER
+            prefix = _BEFORE if stored_round(stored) == self.context.round else _AFTER
             control = {k[len(prefix):]: v for k, v in stored.items() if k.startswith(prefix)}
             check_layout(control, layout_of(params), "stored control variate")
+            if not all(all_finite(a) for a in control.values() if a.dtype.kind == "f" and a.size):
+                raise ValueError("it holds NaN or Inf")  # each DP round would be charged, then fail on its loss
             return control
-        except (ProtocolError, ValueError, KeyError) as exc:
+        except (ProtocolError, ValueError, KeyError, TypeError, OverflowError) as exc:
             # Zero is where every variate starts: SCAFFOLD recovers from it, a crash loop would not.
             log.warning("control variate %s unusable (%s); starting again from zero", self.state_name, exc)
             return zeros
@@ -134,6 +136,14 @@ def write_control(state: AgentStateDir, name: str, round_number: int, before: di
     state.write_arrays(name, arrays)
 
 
+def stored_round(stored: dict[str, np.ndarray]) -> int:
+    """The round a stored variate was written in; ValueError unless the file says it as one integer."""
+    value = np.asarray(stored[_ROUND])
+    if value.shape != () or value.dtype.kind not in "iu":
+        raise ValueError(f"its round is {value.dtype}{list(value.shape)}, not an integer")
+    return int(value)
+
+
 def revert_control(state: AgentStateDir, run_id: str, family: str, round_number: int) -> bool:
     """Undo ``round_number``'s step of this agent's variate (True when there was one to undo).
 
@@ -141,7 +151,7 @@ def revert_control(state: AgentStateDir, run_id: str, family: str, round_number:
     input out of the sum, or failed): ``c`` stays the mean of the variates only if ``c_i`` stays too."""
     name = f"{FILE_PREFIX}{run_id}-{family}"
     stored = state.read_arrays(name)
-    if stored is None or int(stored[_ROUND]) != round_number:
+    if stored is None or stored_round(stored) != round_number:
         return False
     before = {k[len(_BEFORE):]: v for k, v in stored.items() if k.startswith(_BEFORE)}
     write_control(state, name, round_number, before, before)

@@ -225,6 +225,10 @@ class PrivacyLedger:
         ledger = cls(config.accountant, config.delta, config.stop_epsilon, state)
         saved = state.read_json(STATE_NAME)
         if saved is None:
+            if (state.root / "progress.json").exists():  # it answered rounds before: the budget was spent from
+                log.warning("%s is missing but %s says this agent answered rounds before: its privacy budget "
+                            "starts again from zero (the coordinator's rollback check will flag it)",
+                            state.root / f"{STATE_NAME}.json", state.root / "progress.json")
             return ledger
         where = state.root / f"{STATE_NAME}.json"
         ledger.load_state_dict(saved, where)
@@ -257,7 +261,7 @@ class PrivacyLedger:
             last_round = [_charge_from(raw) for raw in saved.get("last_round", [])]
             recorded = float(saved["epsilon"])
             rounds = int(saved["rounds"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise bad(f"malformed history ({exc})") from None
         if not (math.isfinite(recorded) and recorded >= 0) or rounds < 0:
             raise bad(f"malformed epsilon {recorded!r} or rounds {rounds!r}")
@@ -266,7 +270,10 @@ class PrivacyLedger:
             keys = {"noise_multiplier", "target_epsilon", "planned_rounds", "sample_rate", "steps_per_round"}
             if not isinstance(calibration, dict) or not keys <= calibration.keys():
                 raise bad("malformed calibration")
-            Charge(float(calibration["noise_multiplier"]), 1.0, 1)  # validates sigma
+            try:
+                Charge(float(calibration["noise_multiplier"]), 1.0, 1)  # validates sigma
+            except (TypeError, ValueError) as exc:
+                raise bad(f"malformed calibration ({exc})") from None
         self.history = _compose([], history, self.mechanism)
         self.rounds, self.last_round, self.calibration = rounds, last_round, calibration
         computed = self._history_epsilon([])
