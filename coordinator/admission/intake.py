@@ -137,8 +137,12 @@ class Intake:
         except ProtocolError as exc:
             return Opened(payload, None, exc)
         update = received.message
-        if update.delta and not update.packed_delta:  # a packed delta's norm is taken once unpacked
-            update = update.model_copy(update={"delta": with_norm(update.delta)})
+        normed = {name: with_norm(arrays) for name, arrays, packed in (
+            ("delta", update.delta, update.packed_delta), ("control_delta", update.control_delta,
+                                                           update.packed_control_delta))
+            if arrays and not packed}  # once, here on a worker: a packed one's is taken once unpacked
+        if normed:
+            update = update.model_copy(update=normed)
             received = Received(update, received.size, received.signer)
         return Opened(payload, received)
 

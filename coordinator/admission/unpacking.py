@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from coordinator.admission.decisions import Reject
+from coordinator.aggregation.running_mean import with_norm
 from coordinator.reasons import RejectReason
 from protocol.arrays import layout_of
 from protocol.compression import CompressionSpec, PackedArray, check_packed_layout, raw_bytes, unpack_arrays
@@ -41,7 +42,8 @@ def unpack_update(update: Update, compression: CompressionSpec,
         return Reject(RejectReason.MISSING_PAYLOAD, f"family {update.family} bootstraps: send weights")
     delta = _unpacked(update.delta, update.packed_delta, state.weights, "packed delta")
     control = _unpacked(update.control_delta, update.packed_control_delta, state.control, "packed control delta")
-    return update.model_copy(update={"delta": delta, "packed_delta": {}, "control_delta": control,
+    return update.model_copy(update={"delta": with_norm(delta), "packed_delta": {},
+                                     "control_delta": with_norm(control) if control else control,
                                      "packed_control_delta": {}})
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 import math
 
-import numpy as np
-
 from coordinator.admission.decisions import Accept, Decision, Defer, Forget, Observe, Reject, StatusDecision
 from coordinator.admission.intake import Refused, UpdateIn
 from coordinator.admission.view import AdmissionView
@@ -21,6 +19,7 @@ from coordinator.round.norm_clip import clipped, control_key, held_size
 from coordinator.round.notifying import notify, watch_duplicates
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
+from coordinator.strategies.fedproto import capped_counts
 from protocol.messages import AgentStatus, PrivacySpent, Update
 
 log = logging.getLogger("coordinator.round.engine")
@@ -197,9 +196,8 @@ def release_held(parts: EngineParts, run: RunState) -> None:
 def _claiming(update: Update, samples: int) -> Update:
     """``update`` counted for ``samples``: FedProto's per-class counts scaled down alike."""
     changes: dict[str, object] = {"num_samples": samples}
-    counts = update.prototype_counts
-    if counts is not None and update.num_samples > 0:
-        changes["prototype_counts"] = np.floor(counts * (samples / update.num_samples)).astype(counts.dtype)
+    if update.prototype_counts is not None:
+        changes["prototype_counts"] = capped_counts(update.prototype_counts, samples, update.num_samples)
     return update.model_copy(update=changes)
 
 

@@ -31,7 +31,7 @@ from coordinator.reasons import RejectReason
 from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key, held_size
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.state.rounds import OpenRound
-from coordinator.strategies.fedproto import aggregate_prototypes, prototype_sums
+from coordinator.strategies.fedproto import capped_counts, group_sums
 from protocol.digest import digest_arrays
 from protocol.messages import Update
 from protocol.partials import AgentOutcome, PartialAggregate
@@ -86,9 +86,7 @@ class SiteRound:
         self.open.updates[update.agent_id] = update.model_copy(update={"delta": {}, "weights": {}, "control_delta": {}})
         if self.open.announcement.algorithm == "fedproto":  # prototypes only: weights or a delta sent beside are not
             if share > 0 and update.prototypes is not None and update.prototype_counts is not None:  # read (as root)
-                counts = update.prototype_counts  # scaled as the root scales a capped claim's (``applying._claiming``)
-                if samples < update.num_samples:
-                    counts = np.floor(counts * (samples / update.num_samples)).astype(counts.dtype)
+                counts = capped_counts(update.prototype_counts, samples, update.num_samples)  # as the root scales
                 self.prototypes.setdefault(update.family, []).append((update.agent_id, update.prototypes, counts))
         elif update.weights:  # SCAFFOLD's proposers agree on their control delta too, as at the root
             digest = digest_arrays([("weights", update.weights), ("control_delta", update.control_delta)])
@@ -189,17 +187,14 @@ class SiteRound:
         changed in place), as ``_robust`` does with deltas."""
         kept = sorted(self.prototypes[family], key=lambda item: item[0])
         prototypes, counts = [p for _, p, _ in kept], [c for _, _, c in kept]
-        if self.rule is None:
-            sums, totals = prototype_sums(prototypes, counts)
-            return {"prototype_sums": sums, "prototype_counts": totals.astype("<i8")}
         try:
-            merged, totals = aggregate_prototypes(self.rule.unclipped, prototypes, counts)
+            sums, totals = group_sums(self.rule.unclipped if self.rule is not None else None, prototypes, counts)
         except AggregationError as exc:
             for agent_id, _, _ in kept:
                 outcomes[agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.SITE_TOO_FEW.value)
             self.rule_failure = f"{family}: {exc}"
             return {}
-        return {"prototype_sums": merged.astype("<f8") * totals[:, None], "prototype_counts": totals.astype("<i8")}
+        return {"prototype_sums": sums, "prototype_counts": totals.astype("<i8")}
 
     def _agreed(self, family: str, outcomes: dict[str, AgentOutcome]) -> Update | None:
         """An update of the proposal a strict majority of the site's proposers of ``family`` sent; the others are

@@ -8,6 +8,7 @@ import numpy as np
 from coordinator.admission.decisions import Reject
 from coordinator.admission.task_agreement import fingerprint_of
 from coordinator.reasons import RejectReason
+from coordinator.strategies.fedproto import prototypes_problem
 from coordinator.strategies.scaffold import check_control_names
 from protocol.messages import RoundAnnouncement, Update
 from protocol.task_card import TaskCard
@@ -71,18 +72,7 @@ class SitePayloads:
         ref = self.announcement.states.get(update.family)
         if ref is not None and update.base_digest != ref.digest:
             return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {ref.digest}")
-        prototypes, counts = update.prototypes, update.prototype_counts
-        if prototypes is None or counts is None:
-            return Reject(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
-        shape = (self.card.num_classes, self.card.embedding_dim)
-        if prototypes.dtype != np.dtype("<f4") or prototypes.shape != shape:
-            return Reject(RejectReason.BAD_SHAPE, f"prototypes are {prototypes.dtype}{list(prototypes.shape)}, "
-                                                  f"expected float32{list(shape)}")
-        counted = sum(int(c) for c in counts.reshape(-1))
-        if counted > update.num_samples:
-            return Reject(RejectReason.BAD_COUNTS, f"prototype_counts sum to {counted}, more than the "
-                                                   f"{update.num_samples} samples claimed")
-        return None
+        return prototypes_problem(update, (self.card.num_classes, self.card.embedding_dim or 0))
 
     def check_delta(self, update: Update) -> Reject | None:
         return self.check_update(update)

@@ -84,6 +84,40 @@ def prototype_sums(prototypes: Sequence[np.ndarray], counts: Sequence[np.ndarray
     return sums, totals
 
 
+def group_sums(rule: AggregateFn | None, prototypes: Sequence[np.ndarray],
+               counts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """A group's (sums, counts) for ``merge_prototype_sums``: exact under the mean (``rule`` None), else the rule's
+    per-class result x the class's count. AggregationError when too few hold a class for the rule."""
+    if rule is None:
+        return prototype_sums(prototypes, counts)
+    merged, totals = aggregate_prototypes(rule, prototypes, counts)
+    return merged.astype(np.float64) * totals[:, None], totals
+
+
+def capped_counts(counts: np.ndarray, samples: int, claimed: int) -> np.ndarray:
+    """Per-class counts of an update that claimed ``claimed`` samples and counts for ``samples``: scaled down alike."""
+    if claimed <= 0 or samples >= claimed:
+        return counts
+    return np.floor(counts * (samples / claimed)).astype(counts.dtype)
+
+
+def prototypes_problem(update: Update, shape: tuple[int, ...] | None) -> Reject | None:
+    """Why ``update``'s prototypes cannot count (missing, not float32, not ``shape``, counts past its samples), or
+    None. The counts weigh each class's prototype: tied to the sample count, which admission caps (a count past it
+    would let one device own a class, and a huge one overflowed the merge's int64 totals)."""
+    if update.prototypes is None or update.prototype_counts is None:
+        return Reject(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
+    if update.prototypes.dtype != PROTOTYPE_DTYPE:
+        return Reject(RejectReason.BAD_SHAPE, f"prototypes must be float32, got {update.prototypes.dtype}")
+    if shape is not None and update.prototypes.shape != shape:
+        return Reject(RejectReason.BAD_SHAPE, f"prototypes are {list(update.prototypes.shape)}, expected {list(shape)}")
+    counted = sum(int(c) for c in update.prototype_counts.reshape(-1))
+    if counted > update.num_samples:
+        return Reject(RejectReason.BAD_COUNTS, f"prototype_counts sum to {counted}, more than the "
+                                               f"{update.num_samples} samples claimed")
+    return None
+
+
 def merge_prototype_sums(families: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """Per class, the count-weighted mean over groups of sums (``sum_i n_ic p_ic``, ``sum_i n_ic`` per group: a secure
     round's unmasked sums per family, within the grid's step, or the sites' and the root's own agents' in a plain
@@ -142,20 +176,7 @@ class FedProto(Strategy):
         stale = check_base(update, self.states.get(update.family))
         if stale is not None:
             return stale
-        if update.prototypes is None or update.prototype_counts is None:
-            return Reject(RejectReason.MISSING_PAYLOAD, "a fedproto update carries prototypes and counts")
-        if update.prototypes.dtype != PROTOTYPE_DTYPE:
-            return Reject(RejectReason.BAD_SHAPE, f"prototypes must be float32, got {update.prototypes.dtype}")
-        if self.prototypes is not None and update.prototypes.shape != self.prototypes.shape:
-            return Reject(RejectReason.BAD_SHAPE, f"prototypes are {list(update.prototypes.shape)}, "
-                                                  f"expected {list(self.prototypes.shape)}")
-        # The counts weigh each class's prototype: tied to the sample count, which admission caps (a count past
-        # it would let one device own a class, and a huge one overflowed the merge's int64 totals).
-        counted = sum(int(c) for c in update.prototype_counts.reshape(-1))
-        if counted > update.num_samples:
-            return Reject(RejectReason.BAD_COUNTS, f"prototype_counts sum to {counted}, more than the "
-                                                   f"{update.num_samples} samples claimed")
-        return None
+        return prototypes_problem(update, self.prototypes.shape if self.prototypes is not None else None)
 
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
                     spill_dir: Path | None = None) -> None:
@@ -206,12 +227,10 @@ class FedProto(Strategy):
         if not self.site_sums:
             return aggregate_prototypes(self.aggregator.unclipped, prototypes, counts), []  # type: ignore[arg-type]
         groups, dropped = list(self.site_sums), []
-        if group and not self.aggregator.needs_individual_updates:
-            groups.append(prototype_sums(prototypes, counts))  # type: ignore[arg-type]
-        elif group:
+        rule = self.aggregator.unclipped if self.aggregator.needs_individual_updates else None
+        if group:
             try:
-                merged, totals = aggregate_prototypes(self.aggregator.unclipped, prototypes, counts)  # type: ignore[arg-type]
-                groups.append((merged.astype(np.float64) * totals[:, None], totals))
+                groups.append(group_sums(rule, prototypes, counts))  # type: ignore[arg-type]
             except AggregationError as exc:
                 dropped = [Dropped(u.agent_id, RejectReason.SITE_TOO_FEW, f"the agents here, beside sites: {exc}")
                            for u in group]
