@@ -46,7 +46,7 @@ from edge_agent.algorithms.scaffold import revert_control
 from edge_agent.coordinator_notes import CoordinatorNotes
 from edge_agent.freshness import Freshness
 from edge_agent.identity import give_up
-from edge_agent.pending import HeldUpdate, SentUpdate
+from edge_agent.pending import HeldUpdate, SentUpdate, read_progress, write_progress
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
 from edge_agent.secure import SecureParticipant
@@ -488,16 +488,4 @@ class EdgeAgent:
 
     def _mark_answered(self, ann: RoundAnnouncement) -> None:
         self._answered = (ann.run_id, ann.round)
-        self.state.write_json("progress", {"run_id": ann.run_id, "round": ann.round})
-
-
-def read_progress(state: AgentStateDir) -> tuple[str, int] | None:
-    """The (run, round) this agent last answered, from ``progress.json``; ValueError naming the file if it is bad."""
-    progress = state.read_json("progress") or {}
-    if "run_id" not in progress:
-        return None
-    try:
-        return str(progress["run_id"]), int(progress["round"])
-    except (KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise ValueError(f"{state.root / 'progress.json'} is malformed ({exc!r}); move it away (the agent then "
-                         f"may answer a round it answered before a restart once more)") from None
+        write_progress(self.state, ann.run_id, ann.round)

@@ -1,10 +1,11 @@
 """What an agent keeps of its own updates: the last one sent (to resend to a coordinator that may have
-lost it) and one held back by the straggler simulation."""
+lost it), one held back by the straggler simulation, and the round it last answered (``progress.json``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edge_agent.state import AgentStateDir
 from protocol.messages import Update
 
 
@@ -25,3 +26,20 @@ class HeldUpdate:
 
     update: Update
     due: float
+
+
+def read_progress(state: AgentStateDir) -> tuple[str, int] | None:
+    """The (run, round) this agent last answered, from ``progress.json``; ValueError naming the file if it is bad."""
+    progress = state.read_json("progress") or {}
+    if "run_id" not in progress:
+        return None
+    try:
+        return str(progress["run_id"]), int(progress["round"])
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ValueError(f"{state.root / 'progress.json'} is malformed ({exc!r}); move it away (the agent then "
+                         f"may answer a round it answered before a restart once more)") from None
+
+
+def write_progress(state: AgentStateDir, run_id: str, round_number: int) -> None:
+    """The round this agent answered: a restarted agent answers no round it answered already (nor spends again)."""
+    state.write_json("progress", {"run_id": run_id, "round": round_number})
