@@ -46,6 +46,25 @@ def forge(fleet: Fleet, agent: str, stage: str, kind: type, change: Callable) ->
     return fleet.up
 
 
+def masked_by_d(fleet: Fleet, change: Callable[[np.ndarray], None]) -> Forging:
+    """From now on, d's masked input is changed in place by ``change`` as d publishes it."""
+    def edit(message: SecureMasked) -> SecureMasked:
+        masked = np.array(message.masked, dtype=np.uint32, copy=True)
+        change(masked)
+        return message.model_copy(update={"masked": masked})
+    return forge(fleet, "d", "masked", SecureMasked, edit)
+
+
+def assert_refused(fleet: Fleet, forged: Forging, round_number: int, why: str) -> None:
+    """The forged input went up once, and the round's unmasked sum was refused saying ``why``: the round failed."""
+    assert forged.hits == 1
+    fleet.pump()
+    summary = fleet.engine.last_summary
+    assert summary.round == round_number
+    assert (summary.outcome, summary.reason) == ("failed", "secure_aggregation"), summary
+    assert f"unmasked sum is refused: {why}" in summary.detail
+
+
 def until_closed(fleet: Fleet, round_number: int, gone: frozenset[str] = frozenset()):
     """Pump and step the clock until ``round_number`` has a summary; that summary."""
     for _ in range(40):
@@ -154,18 +173,11 @@ def test_a_survivor_cannot_push_the_control_variate_past_its_clip(tmp_path: Path
     fleet.pump()
     delta_values = 9  # "b" (3) then "w" (6), then the 9 control values, then the weight
 
-    def push(message: SecureMasked) -> SecureMasked:
-        masked = np.array(message.masked, dtype=np.uint32, copy=True)
+    def push(masked: np.ndarray) -> None:
         masked[delta_values:2 * delta_values] += np.uint32(int(3.5 * grid.bound))
-        return message.model_copy(update={"masked": masked})
-    forged = forge(fleet, "d", "masked", SecureMasked, push)
+    forged = masked_by_d(fleet, push)
     fleet.train({a: zeros() for a in AGENTS}, controls={a: zeros() for a in AGENTS})
-    assert forged.hits == 1
-    fleet.pump()
-    summary = fleet.engine.last_summary
-    assert summary.round == 2
-    assert (summary.outcome, summary.reason) == ("failed", "secure_aggregation"), summary
-    assert "unmasked sum is refused: its control_delta sum" in summary.detail
+    assert_refused(fleet, forged, 2, "its control_delta sum")
 
 
 # -- 4. FedProto's unmasked counts and sums are bounded by the survivors' samples -----------------------------------
@@ -182,18 +194,11 @@ def test_a_fedproto_survivor_cannot_count_for_more_samples_than_it_has(tmp_path:
         participant.begin(ann)
     fleet.pump()
 
-    def own_class(message: SecureMasked) -> SecureMasked:
-        masked = np.array(message.masked, dtype=np.uint32, copy=True)
+    def own_class(masked: np.ndarray) -> None:
         masked[CLASSES * DIM + 0] = (int(masked[CLASSES * DIM + 0]) + 3 * grid.bound) % 2**32  # its weight: +3 units
-        return message.model_copy(update={"masked": masked})
-    forged = forge(fleet, "d", "masked", SecureMasked, own_class)
+    forged = masked_by_d(fleet, own_class)
     proto_train(fleet, local_prototypes(0))
-    assert forged.hits == 1
-    fleet.pump()
-    summary = fleet.engine.last_summary
-    assert summary.round == 1
-    assert (summary.outcome, summary.reason) == ("failed", "secure_aggregation"), summary
-    assert "unmasked sum is refused: its classes count" in summary.detail
+    assert_refused(fleet, forged, 1, "its classes count")
 
 
 # -- 5. ... and a site's secure partial's control sums too ------------------------------------------------------------
