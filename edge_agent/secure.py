@@ -200,6 +200,8 @@ class SecureParticipant:
         except ValueError as exc:
             raise SecAggAborted("mask", str(exc)) from exc
         masked = pack_masked(self.client.masked_input(ring, self._inbox), self.session)
+        for sender, why in sorted(self.client.refused.items()):  # its shares are held back; the round goes on
+            log.warning("round %d: %s's share bundle was refused: %s", self.round[1], sender, why)
         if self._audit is not None:
             self._audit.write_arrays(f"secagg-input-{self.round[1]}", {"plain": plain})
         m = update.metrics

@@ -208,15 +208,18 @@ class SecureRounds:
 
     @staticmethod
     def _enough_reveals(session: Session) -> bool:
-        """Whether the reveals so far hold ``threshold`` shares of every secret the unmasking needs: then a
-        survivor that went silent after uploading is not waited for (its self-mask is rebuilt without it)."""
-        config, members = session.server.config, session.members
+        """Whether the reveals so far hold ``threshold`` shares of every secret the unmasking needs, and they open
+        them: then a survivor that went silent after uploading is not waited for (its self-mask is rebuilt without
+        it)."""
+        config, members, withheld = session.server.config, session.members, session.server.withheld
         shared, revealed, survivors = members["share"], members["unmask"], members["mask"]
         for agent in shared:
             around = config.neighbours_of(agent) & shared
-            if (agent in survivors or around & survivors) and len(around & revealed) < config.threshold:
+            if not (agent in survivors or around & survivors):
+                continue
+            if len({h for h in around & revealed if agent not in withheld.get(h, ())}) < config.threshold:
                 return False
-        return True
+        return session.server.ready()  # and they open every secret: a wrong share is outvoted, or waited past
 
     def _close(self, parts: EngineParts, run: RunState, open_round: OpenRound, stage: str, now: float) -> None:
         setup = self.setup
@@ -261,6 +264,9 @@ class SecureRounds:
         folds = [(session, self._unmasked(parts, session)) for session in self.sessions.values()]
         for family, session in self.sessions.items():
             open_round.secure["families"][family] = self._account(session)
+            if session.server.misfits:
+                log.warning("round %d: %s's unmasking outvoted wrong shares revealed by %s", open_round.number,
+                            family, ", ".join(sorted(session.server.misfits)))
         for session, fold in folds:
             if not fold():
                 raise ValueError(f"{parts.strategy.algorithm} with {parts.strategy.aggregator.describe()} does not "
@@ -346,6 +352,10 @@ class SecureRounds:
             # shares; pairwise masks of agents that shared but did not upload were removed from their keys.
             "recovered": {"self_masks": sorted(set(server.survivors) - m["unmask"]),
                           "pairwise_masks": sorted(server.recovered)},
+            # Survivors that held back shares (a neighbour's bundle did not open for them), and holders whose revealed
+            # share was off its dealer's polynomial (it lied, or the dealer sealed it a wrong one): outvoted, not used.
+            "withheld_shares": {h: sorted(a) for h, a in sorted(server.withheld.items())},
+            "misfit_shares": {h: sorted(a) for h, a in sorted(server.misfits.items())},
         }
 
     # -- helpers ---------------------------------------------------------------------------

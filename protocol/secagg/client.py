@@ -40,6 +40,7 @@ class SecAggClient:
         self._held: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # neighbour -> (its b share, its key share)
         self._agreed: dict[int, bytes] = {}  # neighbour -> raw X25519 secret of the encryption keys (both directions)
         self._self_mask_seed = b""
+        self.refused: dict[str, str] = {}  # neighbour -> why its share bundle did not open (its shares not held)
 
     def _enter(self, expected: str, following: str) -> None:
         if self.stage != expected:
@@ -98,22 +99,26 @@ class SecAggClient:
             raise SecAggAborted("mask", f"the input must be uint32[{self.config.n_params}], not "
                                         f"{values.dtype}{list(values.shape)}")
         context = self.config.context
+        senders: set[int] = set()
         for sender, bundle in bundles.items():
             v = self.config.position(sender) if self.config.selected(sender) else -1
             if v not in self._peers:
                 raise SecAggAborted("mask", f"a share bundle from {sender!r}, not an advertised neighbour")
+            senders.add(v)
             key = share_key_from(self._agreed[v], context, v, self.me)  # agreed when sealing to v: v is a peer
             try:
                 self._held[v] = open_bundle(key, context, v, self.me, bundle)
             except (ValueError, TypeError) as exc:
-                raise SecAggAborted("mask", f"the bundle from {sender!r}: {exc}") from exc
+                # A neighbour's bad bundle costs it one holder of its shares, not this agent its round: the pairwise
+                # mask is still added (the neighbour shared, so the server counts on it), its shares are not held.
+                self.refused[sender] = str(exc)
         self._agreed.clear()  # the bundles are open: the encryption secrets have no further use
-        if len(self._held) < self.config.threshold:
-            raise SecAggAborted("mask", f"{len(self._held)} neighbours shared, fewer than the threshold "
+        if len(senders) < self.config.threshold:
+            raise SecAggAborted("mask", f"{len(senders)} neighbours shared, fewer than the threshold "
                                         f"{self.config.threshold}: this agent's secrets could not be recovered")
         masked = values.copy()
         add_mask(masked, self._self_mask_seed, +1, self.config.prg)
-        for v in self._held:
+        for v in sorted(senders):
             try:
                 seed = mask_seed(self._masking.private, self._peers[v].mask_key, context, self.me, v)
             except ValueError as exc:

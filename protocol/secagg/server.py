@@ -20,6 +20,7 @@ from protocol.secagg.errors import SecAggAborted, SecAggRefused
 from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, mask_seed
 from protocol.secagg.messages import BUNDLE_BYTES, Advertisement, UnmaskRequest, UnmaskResponse, seed_commitment
 from protocol.secagg.prg import add_mask
+from protocol.secagg.recovery import Recovered, Share, recover
 
 STAGES = ("advertise", "share", "mask", "unmask", "done")
 _PROBE = KeyPair.generate()
@@ -47,6 +48,9 @@ class SecAggServer:
         self._total = np.zeros(config.n_params, dtype=np.uint32)
         self._responses: dict[str, UnmaskResponse] = {}  # U4
         self.recovered: frozenset[str] = frozenset()  # agents whose pairwise masks were removed
+        self.withheld: dict[str, frozenset[str]] = {}  # survivor -> agents whose shares it held but did not reveal
+        self.misfits: dict[str, frozenset[str]] = {}  # holder -> agents whose share it revealed off their polynomial
+        self._opened: tuple[int, tuple[Recovered, Recovered] | None] | None = None  # (responses, ready()'s result)
 
     @property
     def shared(self) -> frozenset[str]:
@@ -150,73 +154,87 @@ class SecAggServer:
         self._expect("unmask", "an unmasking response", sender)
         if sender not in self.survivors or sender in self._responses:
             raise SecAggRefused(f"an unmasking response from {sender!r}, not a survivor or a second one")
+        # A survivor may hold back the shares of an agent whose bundle did not open for it (SecAggClient.refused):
+        # fewer shares, never another kind of share than the request entitles the server to.
         held = set(self._inbox[sender])
-        if set(response.self_mask_shares) != held & self.survivors or set(response.key_shares) != held - self.survivors:
+        if not (set(response.self_mask_shares) <= held & self.survivors
+                and set(response.key_shares) <= held - self.survivors):
             raise SecAggRefused(f"an unmasking response from {sender!r} that does not match the request")
         for share in (*response.self_mask_shares.values(), *response.key_shares.values()):
             if (not isinstance(share, np.ndarray) or share.dtype != np.uint32 or share.shape != (shamir.CHUNKS,)
                     or np.any(share >= shamir.P)):
                 raise SecAggRefused(f"an unmasking response from {sender!r} with a malformed share")
         self._responses[sender] = response
+        missing = held - set(response.self_mask_shares) - set(response.key_shares)
+        if missing:
+            self.withheld[sender] = frozenset(missing)
+
+    def ready(self) -> bool:
+        """Whether the responses so far open every secret the unmasking needs (tried once per new response, so a
+        caller may ask on every tick); ``finish`` then uses what was opened. Lets a round close before its deadline
+        without waiting for a silent survivor, and wait for more responses while a wrong share cannot be outvoted."""
+        if self.stage != "unmask":
+            return False
+        if self._opened is None or self._opened[0] != len(self._responses):
+            try:
+                self._opened = (len(self._responses), self._open_secrets())
+            except SecAggAborted:
+                self._opened = (len(self._responses), None)
+        return self._opened[1] is not None
+
+    def _open_secrets(self) -> tuple[Recovered, Recovered]:
+        """(the survivors' self-mask seeds, the mask keys of dropped agents whose pairwise masks are in the sum)."""
+        self._require(len(self._responses), "unmask", "survivors answered the unmasking request")
+        survivors, dropped = sorted(self.survivors), sorted(a for a in self.dropped if self._recoverable(a))
+        context = self.config.context
+        seeds = recover(self._revealed(survivors, lambda r: r.self_mask_shares), self.config.threshold,
+                        lambda a, seed: seed_commitment(context, seed) == self.advertised[a].self_mask_commitment,
+                        "self-mask seed")
+        keys = recover(self._revealed(dropped, lambda r: r.key_shares), self.config.threshold,
+                       lambda a, raw: KeyPair.from_private_bytes(raw).public == self.advertised[a].mask_key,
+                       "mask key")
+        return seeds, keys
 
     def finish(self) -> np.ndarray:
         """The unmasked sum (uint32 ring elements) of the survivors' inputs."""
         if self.stage != "unmask":
             raise SecAggAborted("unmask", f"finish called at stage {self.stage!r}")
-        self._require(len(self._responses), "unmask", "survivors answered the unmasking request")
-        survivors, dropped = sorted(self.survivors), sorted(a for a in self.dropped if self._recoverable(a))
-        seeds = self._recover(survivors, "self-mask seed", lambda r: r.self_mask_shares)
-        keys = self._recover(dropped, "mask key", lambda r: r.key_shares)
-        for agent, seed in zip(survivors, seeds, strict=True):
-            if seed_commitment(self.config.context, seed) != self.advertised[agent].self_mask_commitment:
-                raise SecAggAborted("unmask", f"the shares of {agent!r}'s self-mask seed open to another seed")
+        opened = self._opened[1] if self._opened is not None and self._opened[0] == len(self._responses) else None
+        seeds, keys = opened if opened is not None else self._open_secrets()
+        context = self.config.context
         total = self._total.copy()
-        for seed in seeds:
+        for seed in seeds.secrets.values():
             add_mask(total, seed, -1, self.config.prg)
-        for agent, raw in zip(dropped, keys, strict=True):
-            key = KeyPair.from_private_bytes(raw)
-            if key.public != self.advertised[agent].mask_key:
-                raise SecAggAborted("unmask", f"the shares of {agent!r}'s mask key open to another key")
+        for agent in keys.secrets:
+            key = KeyPair.from_private_bytes(keys.secrets[agent])
             u = self.config.position(agent)
             for peer in self._neighbours(agent, self._bundles[agent]) & self.survivors:
                 v = self.config.position(peer)
                 try:
-                    seed = mask_seed(key.private, self.advertised[peer].mask_key, self.config.context, u, v)
+                    seed = mask_seed(key.private, self.advertised[peer].mask_key, context, u, v)
                 except ValueError as exc:  # a low-order key from the peer
                     raise SecAggAborted("unmask", f"{peer!r}'s mask key: {exc}") from exc
                 add_mask(total, seed, -1 if v < u else +1, self.config.prg)  # undo what the survivor added
-        self.recovered = frozenset(dropped)
+        self.recovered = frozenset(keys.secrets)
+        self.misfits = {holder: frozenset(seeds.misfits.get(holder, set()) | keys.misfits.get(holder, set()))
+                        for holder in sorted(set(seeds.misfits) | set(keys.misfits))}
         self.stage = "done"
         self._responses.clear()
+        self._opened = None
         return total
 
     def _recoverable(self, agent: str) -> bool:
         return bool(self._neighbours(agent, self._bundles[agent]) & self.survivors)
 
-    def _recover(self, agents: list[str], what: str,
-                 pick: Callable[[UnmaskResponse], dict[str, np.ndarray]]) -> list[bytes]:
-        """Rebuild one secret per agent from the first ``threshold`` shares the responses hold."""
-        t = self.config.threshold
-        if not agents:
-            return []
-        found_by_agent: dict[str, list[tuple[int, np.ndarray]]] = {agent: [] for agent in agents}
+    def _revealed(self, agents: list[str], pick: Callable[[UnmaskResponse], dict[str, np.ndarray]]
+                  ) -> dict[str, list[Share]]:
+        """The shares of each of ``agents``' secrets the responses revealed, with their holders' x coordinates."""
+        found: dict[str, list[Share]] = {agent: [] for agent in agents}
         for holder, response in self._responses.items():
             for agent, share in pick(response).items():
-                if agent in found_by_agent:
-                    found_by_agent[agent].append((self.config.position(holder) + 1, share))
-        xs = np.zeros((len(agents), t), dtype=np.uint64)
-        ys = np.zeros((len(agents), t, shamir.CHUNKS), dtype=np.uint64)
-        for row, agent in enumerate(agents):
-            found = sorted(found_by_agent[agent], key=lambda item: item[0])[:t]
-            if len(found) < t:
-                raise SecAggAborted("unmask", f"{len(found)} shares of {agent!r}'s {what} arrived, "
-                                              f"fewer than the threshold {t}")
-            xs[row] = [x for x, _ in found]
-            ys[row] = [share for _, share in found]
-        try:
-            return shamir.combine(xs, ys)
-        except ValueError as exc:
-            raise SecAggAborted("unmask", f"{what}s: {exc}") from exc
+                if agent in found:
+                    found[agent].append((self.config.position(holder) + 1, holder, share))
+        return found
 
     def _require(self, count: int, stage: str, what: str) -> None:
         if count < self.config.threshold:

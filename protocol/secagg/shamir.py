@@ -37,12 +37,13 @@ def _encode(secrets: np.ndarray) -> np.ndarray:
     return chunks[:, :, 0] | (chunks[:, :, 1] << np.uint64(8)) | (chunks[:, :, 2] << np.uint64(16))
 
 
-def _decode(values: np.ndarray) -> np.ndarray:
-    """(S, 11) field elements -> (S, 32) uint8; a value that no secret encodes to means bad shares."""
-    if np.any(values >> np.uint64(8 * CHUNK_BYTES)) or np.any(values[:, -1] >> np.uint64(8 * (SECRET_BYTES % CHUNK_BYTES))):
-        raise ValueError("the shares do not open to a secret (a wrong or corrupted share)")
+def _decode(values: np.ndarray) -> list[bytes | None]:
+    """(S, 11) field elements -> each row's 32-byte secret, or None for a row no secret encodes to (bad shares)."""
+    valid = ~np.any(values >> np.uint64(8 * CHUNK_BYTES), axis=1)
+    valid &= (values[:, -1] >> np.uint64(8 * (SECRET_BYTES % CHUNK_BYTES))) == 0
     out = np.stack([(values >> np.uint64(8 * i)) & np.uint64(0xFF) for i in range(CHUNK_BYTES)], axis=2)
-    return out.reshape(values.shape[0], -1)[:, :SECRET_BYTES].astype(np.uint8)
+    rows = out.reshape(values.shape[0], -1)[:, :SECRET_BYTES].astype(np.uint8)
+    return [row.tobytes() if ok else None for row, ok in zip(rows, valid, strict=True)]
 
 
 def split(secrets: list[bytes], xs: np.ndarray, threshold: int) -> np.ndarray:
@@ -103,13 +104,10 @@ def lagrange_at_zero(xs: np.ndarray) -> np.ndarray:
     return _mulmod(numerator, _inverse(denominator))
 
 
-def combine(xs: np.ndarray, shares: np.ndarray) -> list[bytes]:
-    """Recover S secrets from ``threshold`` shares each: ``xs`` (S, t) holders, ``shares`` (S, t, 11).
-
-    Raises ValueError when the shares do not open to a 32-byte secret; a wrong share may also open to
-    another secret (and too few shares always may), so callers check the result against a commitment
-    (the mask key against its public key, the self-mask seed against its advertised hash).
-    """
+def open_each(xs: np.ndarray, shares: np.ndarray) -> list[bytes | None]:
+    """S secrets from ``threshold`` shares each: ``xs`` (S, t) holders, ``shares`` (S, t, 11); None for a row whose
+    shares do not open to a 32-byte secret. A wrong share may also open to another secret (and too few shares
+    always may), so callers check each result against a commitment (``protocol.secagg.recovery``)."""
     xs = np.asarray(xs, dtype=np.uint64)
     shares = np.asarray(shares, dtype=np.uint64)
     if xs.ndim != 2 or shares.shape != (*xs.shape, CHUNKS):
@@ -120,4 +118,12 @@ def combine(xs: np.ndarray, shares: np.ndarray) -> list[bytes]:
     total = np.zeros((xs.shape[0], CHUNKS), dtype=np.uint64)
     for j in range(xs.shape[1]):
         total = (total + _mulmod(coefficients[:, j : j + 1], shares[:, j, :])) % np.uint64(P)
-    return [row.tobytes() for row in _decode(total)]
+    return _decode(total)
+
+
+def combine(xs: np.ndarray, shares: np.ndarray) -> list[bytes]:
+    """``open_each``, raising ValueError when any row's shares do not open to a secret."""
+    secrets = open_each(xs, shares)
+    if any(secret is None for secret in secrets):
+        raise ValueError("the shares do not open to a secret (a wrong or corrupted share)")
+    return [secret for secret in secrets if secret is not None]

@@ -204,7 +204,7 @@ class SecureUnmask(Message):
 
 
 class SecureReveal(Message):
-    """Stage 4, agent -> coordinator on ``secagg/{agent_id}/{round}/reveal``: Shamir shares (uint32[8]),
+    """Stage 4, agent -> coordinator on ``secagg/{agent_id}/{round}/reveal``: Shamir shares (uint32[11]),
     of survivors' self-mask seeds and of dropped neighbours' mask keys, never both for one agent."""
 
     kind: Literal["secagg_reveal"] = "secagg_reveal"

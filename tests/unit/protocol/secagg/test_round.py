@@ -200,11 +200,23 @@ def test_the_server_refuses_bad_messages_and_keeps_going() -> None:
     tampered = dict(inbox[second])
     sender = next(iter(tampered))
     tampered[sender] = tampered[sender][:-1] + bytes([tampered[sender][-1] ^ 1])
-    with pytest.raises(SecAggAborted, match="does not open"):
-        step.clients[second].masked_input(step.quantised[second], tampered)
     for bad in (np.zeros(N_PARAMS, np.int64), np.zeros(N_PARAMS - 1, np.uint32)):
         with pytest.raises(SecAggRefused, match="uint32"):
             step.server.receive_masked_input(config.roster[0], bad)
+    # A tampered bundle is refused by its recipient, which stays in the round without the sender's shares.
+    masked = {a: c.masked_input(step.quantised[a], tampered if a == second else inbox[a])
+              for a, c in step.clients.items()}
+    assert list(step.clients[second].refused) == [sender]
+    assert "does not open" in step.clients[second].refused[sender]
+    for a, m in masked.items():
+        step.server.receive_masked_input(a, m)
+    request = step.server.close_masking()
+    responses = {a: c.unmask(request) for a, c in step.clients.items()}
+    assert sender not in responses[second].self_mask_shares
+    for response in responses.values():
+        step.server.receive_unmask_response(response)
+    assert step.server.withheld == {second: frozenset({sender})}
+    assert np.array_equal(step.server.finish(), ring_sum(list(step.quantised.values())))
 
 
 def test_malformed_advertisements_and_shares_are_refused_without_a_crash() -> None:
