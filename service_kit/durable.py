@@ -25,3 +25,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def remove_torn_writes(directory: Path) -> list[Path]:
+    """Delete what ``atomic_write_bytes`` left in ``directory`` when its process was killed mid-write (SIGKILL runs
+    no except clause): each a partial copy, as large as a checkpoint, that nothing else would ever remove. Call it
+    at start-up, before this process writes there; the files removed."""
+    if not directory.is_dir():
+        return []
+    torn = sorted(p for p in directory.glob(".*.tmp") if p.is_file())
+    for path in torn:
+        path.unlink(missing_ok=True)
+    return torn

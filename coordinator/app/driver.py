@@ -20,9 +20,10 @@ from coordinator.round.engine import RoundEngine
 from coordinator.round.epochs import FRESHNESS
 from coordinator.round.opening import OPEN_ROUND
 from coordinator.round.resume import Saved
-from coordinator.state.checkpoint import CHECKPOINT, CheckpointStore
+from coordinator.state.checkpoint import CHECKPOINT, CheckpointError, CheckpointStore
 from coordinator.state.retained import RETAINED
 from coordinator.state.rounds import RoundSummary
+from protocol.errors import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +70,19 @@ class EngineDriver:
 
     # -- events in ------------------------------------------------------------------------
     def restore(self) -> None:
+        self.store.remove_torn_writes()  # this process writes here from now on
         saved = Saved(self.store.load(CHECKPOINT), self.store.load(OPEN_ROUND), self.store.load(RETAINED),
                       str(self.store.directory), self.store.load(FRESHNESS))
-        self.perform(self.engine.restore(saved))
+        try:
+            actions = self.engine.restore(saved)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ProtocolError) as exc:
+            # A file that decodes but was damaged or edited: stop, naming where, rather than start over or crash bare.
+            raise CheckpointError(f"the state in {self.store.directory} (checkpoint, open_round, retained, "
+                                  f"freshness) cannot be resumed: {type(exc).__name__}: {exc}; move the damaged "
+                                  f"file away, or the directory to start a new run") from exc
+        self.perform(actions)
 
     def on_message(self, topic: str, payload: bytes, opened: Opened | None = None) -> None:
         """``opened``: the update ``payload`` carries, already opened off the loop (app/openers.py)."""

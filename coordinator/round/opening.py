@@ -32,6 +32,14 @@ OPEN_ROUND = "open_round"
 WAIT_LOG_EVERY_S = 10.0
 
 
+def open_round_record(run_id: str, open_round: OpenRound, *, unmasking: bool = False) -> Save:
+    """The state file a restart resumes the open round from (``resume._resume_open_round``); ``unmasking``: a noisy
+    secure round is about to ask for the reveals, so a restart charges its release (``resume``)."""
+    return Save(OPEN_ROUND, {"run_id": run_id, "round": open_round.number,
+                             "announcement": encode_message(open_round.announcement), "wanted": open_round.wanted,
+                             "median_claim": open_round.median_claim, "unmasking": unmasking})
+
+
 def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     """Open round ``run.next_round`` if connected and enough agents are selectable; whether it opened."""
     s = parts.settings
@@ -77,10 +85,9 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
         announcement = announcement.model_copy(update={"claim_cap": median_cap(median_claim, s.claim_cap_multiple,
                                                                                s.max_samples_per_update)})
     plain = encode_message(announcement)
-    parts.actions.add(Save(OPEN_ROUND, {"run_id": run.run_id, "round": number, "announcement": plain,
-                                        "wanted": wanted, "median_claim": median_claim}))
     payload = parts.publisher.sealed(plain)
     run.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted, median_claim=median_claim)
+    parts.actions.add(open_round_record(run.run_id, run.open))
     begin(parts, run)
     if parts.secure is not None:
         parts.secure.begin(parts, run)

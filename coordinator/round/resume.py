@@ -25,6 +25,7 @@ from coordinator.round.run_state import RunState
 from coordinator.state.checkpoint import CheckpointError
 from coordinator.state.rounds import OpenRound, RoundSummary
 from protocol.messages import RoundAnnouncement
+from protocol.secagg.accounting import round_rdp
 from protocol.wire import decode_message, encode_message
 
 log = logging.getLogger("coordinator.round.engine")
@@ -134,6 +135,20 @@ def _resume_ledger(parts: EngineParts, state: dict[str, Any] | None, where: obje
         parts.metrics.secagg_dp_epsilon.set(ledger.epsilon)
 
 
+def _charge_interrupted_release(parts: EngineParts, announcement: RoundAnnouncement) -> None:
+    """A noisy secure round that had asked for the reveals when the coordinator stopped may have unmasked its sums:
+    the ledger reaches disk only with the round's checkpoint, so it was never charged, and the round runs again with
+    fresh noise (a coordinator killed after each unmasking would collect independent noisy sums for free). Charged
+    here as if every session's sum was released: too much if the crash came before, never too little."""
+    secure, ledger = announcement.secure, parts.central_ledger
+    if secure is None or secure.noise is None or ledger is None:
+        return
+    ledger.spend(round_rdp(secure, [session for _, _, session in secure.sessions()]))
+    parts.metrics.secagg_dp_epsilon.set(ledger.epsilon)
+    log.warning("round %d (distributed DP) was open at the restart: charged as released, epsilon now %.4g",
+                announcement.round, ledger.epsilon)
+
+
 def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] | None) -> None:
     if saved is None or saved["run_id"] != run.run_id or saved["round"] != run.next_round:
         return
@@ -141,6 +156,8 @@ def _resume_open_round(parts: EngineParts, run: RunState, saved: dict[str, Any] 
     if announcement.epoch != run.epoch:  # saved before epochs: agents would drop it as an older epoch's
         announcement = announcement.model_copy(update={"epoch": run.epoch})
         saved = {**saved, "announcement": encode_message(announcement)}
+    if saved.get("unmasking"):
+        _charge_interrupted_release(parts, announcement)
     now = parts.clock()
     age = max(0.0, parts.wall_clock() - announcement.issued_at)
     remaining = announcement.deadline_s - age

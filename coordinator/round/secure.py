@@ -28,6 +28,7 @@ from coordinator.aggregation import AggregationError
 from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
 from coordinator.round import secure_plan, secure_sites
+from coordinator.round.opening import open_round_record
 from coordinator.round.secure_session import STAGES, TOPIC_STAGE, Session, StageClock, sample_means, take_stage
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.central_privacy import CentralPrivacyLedger
@@ -245,8 +246,10 @@ class SecureRounds:
                                   SecureInbox(run_id=run.run_id, round=open_round.number, agent_id=agent, bundles=bundles))
             following = ("mask", max(open_round.deadline, now))
         elif stage == "mask":
-            for session in self.sessions.values():
-                request = session.server.close_masking()  # aborts here, before any share is revealed
+            requests = [session.server.close_masking() for session in self.sessions.values()]  # aborts here, before any share is revealed
+            if setup.noise is not None:  # durable before any reveal is asked for: a restart charges this release
+                parts.actions.add(open_round_record(run.run_id, open_round, unmasking=True))
+            for session, request in zip(self.sessions.values(), requests, strict=True):
                 for family in session.relays:
                     self._publish(parts, open_round, "mask", parts.topics.secagg_relay(family, open_round.number, "unmask"),
                                   SecureUnmask(run_id=run.run_id, round=open_round.number, family=family,

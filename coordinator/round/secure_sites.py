@@ -21,6 +21,7 @@ import numpy as np
 from coordinator.admission.decisions import Reject
 from coordinator.aggregation import AggregationError
 from coordinator.reasons import RejectReason
+from coordinator.round.opening import open_round_record
 from coordinator.round.secure_session import sample_means
 from coordinator.state.rounds import OpenRound
 from protocol.partials import PartialAggregate
@@ -188,6 +189,8 @@ def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: Part
     except ValueError as exc:
         return Reject(RejectReason.BAD_PARTIAL, str(exc))
     open_round.decoded_sites.add((partial.site_id, partial.family))
+    if setup.noise is not None and len(open_round.decoded_sites) == 1:  # a restart charges the round's release
+        parts.actions.add(open_round_record(partial.run_id, open_round, unmasking=True))
     # Each survivor masked a weight of at most min(samples, cap) / cap: a site cannot claim more for its sum.
     implausible = plausible_sum(sums, weight, weight_range(parts, members, session.weight_cap), partial.count, setup,
                                 session)

@@ -101,6 +101,9 @@ class SiteEngine:
         self.book = RosterBook(settings.site_id, settings.roster_interval_s, wall_clock())
         """What the root was told of the site's agents (their statuses do not cross the bridge: ``roster.py``)."""
         self.sent: list[int] = []
+        self._last_sent: tuple[str, int, Outgoing] | None = None
+        """(run, round, its partials as sent): sent again when the root re-announces that round (it restarted and
+        lost them with its open round's updates; ``_announced``)."""
         """Rounds whose partials this process published (for tests and logs)."""
 
     # -- events -----------------------------------------------------------------------------
@@ -191,7 +194,17 @@ class SiteEngine:
             return []
         if announcement.epoch < self.epoch or (announcement.run_id == self.run_id
                                                and announcement.round < self.next_round):
-            return []  # an older run's, or a round already closed here (a re-announcement after a reconnect)
+            # An older run's, or a round already closed here: the root re-announces its open round after a reconnect
+            # and after a restart, when it has lost the partials it had taken (they live with the open round's updates,
+            # not in its checkpoint). So the partials of the round just closed go up again: a root that still holds
+            # them refuses the copies as duplicates; one that restarted counts them once.
+            last = self._last_sent
+            if last is not None and (announcement.epoch, announcement.run_id, announcement.round) == \
+                    (self.epoch, *last[:2]):
+                log.info("site %s: the root re-announced round %d, which closed here: its partials go up again",
+                         self.settings.site_id, announcement.round)
+                return list(last[2])
+            return []
         if self.round is not None and self.round.open.number == announcement.round and announcement.run_id == \
                 self.run_id:
             return []
@@ -312,6 +325,7 @@ class SiteEngine:
                      self.settings.site_id, partial.round, partial.family, partial.count, partial.total_weight,
                      len(partial.outcomes), len(payload))
         self.sent.append(r.open.number)
+        self._last_sent = (self.run_id, r.open.number, list(out))
         self._release(lambda inbound: not self._waiting(inbound.update))  # a closed round's: late now
         return out
 

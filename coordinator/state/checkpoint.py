@@ -9,7 +9,7 @@ from typing import Any
 from protocol.codec import decode, encode
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from service_kit.durable import atomic_write_bytes
+from service_kit.durable import atomic_write_bytes, remove_torn_writes
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,12 @@ class CheckpointError(RuntimeError):
 class CheckpointStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+
+    def remove_torn_writes(self) -> None:
+        """For the process that writes here, at its start (a reader, such as ``fl-evaluate``, must not: it would
+        delete a live write): what a crash left of writes it tore."""
+        for torn in remove_torn_writes(self.directory):
+            log.warning("removed %s, a write torn by a crash", torn)
 
     def path(self, name: str) -> Path:
         return self.directory / f"{name}.msgpack"

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from coordinator.state.rounds import RoundSummary
 
 log = logging.getLogger(__name__)
 
-_TAIL_BYTES = 64 * 1024
-"""Enough to hold the last complete line (a summary is well under 1 KB)."""
+_CHUNK_BYTES = 64 * 1024
+"""The tail is read backwards in pieces of this size: a summary is about 1 KB, but one naming agents (clipped claims,
+a secure round's accounts) of a 10,000-agent round is far longer."""
 
 
 class RoundsLog:
@@ -30,7 +33,7 @@ class RoundsLog:
     def append(self, summary: RoundSummary) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as handle:
-            handle.write(json.dumps(summary.to_dict()) + "\n")
+            handle.write(json.dumps(_finite(summary.to_dict()), allow_nan=False) + "\n")
 
     def reconcile(self, last: RoundSummary | None) -> None:
         """Make the log agree with the checkpoint after a crash: cut a torn last line, append
@@ -55,17 +58,50 @@ class RoundsLog:
             return None
         with self.path.open("rb+") as handle:
             size = handle.seek(0, os.SEEK_END)
-            start = max(0, size - _TAIL_BYTES)
-            handle.seek(start)
-            tail = handle.read()
-            end = tail.rfind(b"\n") + 1  # bytes of tail up to and including its last newline
-            if end < len(tail):
-                log.warning("cut a torn line (%d bytes) from the end of %s", len(tail) - end, self.path)
-                handle.truncate(start + end)
-            lines = tail[:end].splitlines()
-        for line in reversed(lines):
-            try:
-                return int(json.loads(line)["round"])
-            except (ValueError, KeyError, TypeError):
-                log.warning("ignored an unreadable line in %s", self.path)
+            end = _after_last_newline(handle, size)
+            if end < size:
+                log.warning("cut a torn line (%d bytes) from the end of %s", size - end, self.path)
+                handle.truncate(end)
+            for line in _lines_backwards(handle, end):
+                try:
+                    return int(json.loads(line)["round"])
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignored an unreadable line in %s", self.path)
         return None
+
+
+def _after_last_newline(handle: BinaryIO, size: int) -> int:
+    """The offset just past the file's last newline (0 if it has none): where a torn last line starts."""
+    position = size
+    while position > 0:
+        start = max(0, position - _CHUNK_BYTES)
+        handle.seek(start)
+        at = handle.read(position - start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        position = start
+    return 0
+
+
+def _lines_backwards(handle: BinaryIO, end: int) -> Iterator[bytes]:
+    """The non-empty lines before ``end`` (just past a newline), last first, read a chunk at a time."""
+    pending, position = b"", end
+    while position > 0:
+        start = max(0, position - _CHUNK_BYTES)
+        handle.seek(start)
+        pieces = (handle.read(position - start) + pending).split(b"\n")
+        position, pending = start, pieces[0]  # the first piece may begin in an earlier chunk
+        yield from (line for line in reversed(pieces[1:]) if line)
+    if pending:
+        yield pending
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as None: a line is standard JSON (no Infinity or NaN tokens)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value

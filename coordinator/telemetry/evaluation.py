@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from protocol.messages import Update
 
 DEFAULT_CAP_MULTIPLE = 2.0
+LOSS_CAP_MULTIPLE = 10.0
 
 
 @dataclass(frozen=True)
@@ -34,29 +35,48 @@ class FederatedMetrics:
 
 def federated_metrics(updates: Iterable[Update], cap_multiple: float = DEFAULT_CAP_MULTIPLE) -> FederatedMetrics:
     """sum(w_i * metric_i) / sum(w_i), w_i = min(n_i, ceil(cap_multiple * median n)), over updates that carry
-    a held-out evaluation (``cap_multiple`` 0: the counts as reported)."""
+    a held-out evaluation (``cap_multiple`` 0 counts as the default: a count is never taken as reported).
+
+    Accuracy lies in [0, 1]; a loss has no upper end, so each agent's counts for at most LOSS_CAP_MULTIPLE times
+    the median agent's: one agent moves the mean loss by a bounded share, as it moves the accuracy."""
     updates = list(updates)
     evaluated = [u.metrics for u in updates if u.metrics.eval_accuracy is not None and u.metrics.eval_loss is not None
                  and u.metrics.num_eval_samples > 0]
     train = [u for u in updates if u.metrics.train_loss is not None and u.num_samples > 0]
     counts = [m.num_eval_samples for m in evaluated]
-    cap = math.ceil(cap_multiple * statistics.median(counts)) if counts and cap_multiple > 0 else None
-    weights = [min(n, cap) if cap is not None else n for n in counts]
-    total = sum(weights)
+    # The low median: of two agents, the smaller claim sets the cap (the larger one would cap nothing).
+    cap = math.ceil((cap_multiple or DEFAULT_CAP_MULTIPLE) * statistics.median_low(counts)) if counts else 0
+    weights = [min(n, cap) for n in counts]
     accuracies = [m.eval_accuracy for m in evaluated if m.eval_accuracy is not None]
-    train_n = sum(u.num_samples for u in train)
+    losses = _bounded([m.eval_loss for m in evaluated if m.eval_loss is not None])
+    train_losses = _bounded([u.metrics.train_loss for u in train if u.metrics.train_loss is not None])
     return FederatedMetrics(
-        accuracy=sum(w * m.eval_accuracy for w, m in zip(weights, evaluated, strict=True)  # type: ignore[operator]
-                     ) / total if total else None,
-        loss=sum(w * m.eval_loss for w, m in zip(weights, evaluated, strict=True)  # type: ignore[operator]
-                 ) / total if total else None,
-        samples=total,
-        train_loss=sum(u.metrics.train_loss * u.num_samples for u in train) / train_n  # type: ignore[operator]
-        if train_n else None,
+        accuracy=_mean(accuracies, weights),
+        loss=_mean(losses, weights),
+        samples=sum(weights),
+        train_loss=_mean(train_losses, [u.num_samples for u in train]),
         accuracy_median=statistics.median(accuracies) if accuracies else None,
         accuracy_min=min(accuracies) if accuracies else None,
         accuracy_max=max(accuracies) if accuracies else None,
     )
+
+
+def _bounded(losses: list[float]) -> list[float]:
+    """Each loss at most LOSS_CAP_MULTIPLE times the low median of them."""
+    if not losses:
+        return losses
+    bound = LOSS_CAP_MULTIPLE * statistics.median_low(losses)
+    return [min(loss, bound) for loss in losses]
+
+
+def _mean(values: list[float], weights: list[int]) -> float | None:
+    """The weighted mean, or None with no weight or where it does not come out finite (losses near the float limit
+    from most agents): a summary and a gauge carry a number or nothing."""
+    total = sum(weights)
+    if not total:
+        return None
+    mean = math.fsum(w * v for w, v in zip(weights, values, strict=True)) / total
+    return mean if math.isfinite(mean) else None
 
 
 def metrics_by_family(updates: Iterable[Update], cap_multiple: float = DEFAULT_CAP_MULTIPLE) -> dict[str, FederatedMetrics]:

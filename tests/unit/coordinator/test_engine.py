@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from coordinator.app.driver import EngineDriver
 from coordinator.round.engine import RoundEngine
 from coordinator.settings import CoordinatorSettings
-from coordinator.state.checkpoint import CheckpointStore
+from coordinator.state.checkpoint import CheckpointError, CheckpointStore
 from coordinator.state.rounds import RoundSummary
 from coordinator.strategies import build_strategy
 from coordinator.telemetry.metrics import CoordinatorMetrics
@@ -236,7 +236,7 @@ def test_a_different_algorithm_refuses_the_checkpoint(tmp_path: Path) -> None:
     data = store.load("checkpoint")
     assert data is not None
     store.save("checkpoint", {k: v for k, v in data.items() if k != "format"} | {"algorithm": "scaffold"})
-    with pytest.raises(ValueError, match="scaffold run"):
+    with pytest.raises(CheckpointError, match="scaffold run"):
         make_engine(tmp_path, clock)
 
 

@@ -1,0 +1,74 @@
+"""A root restarted mid-round forgets the sites' partials it had taken (the open round's updates are not in its
+checkpoint). A site that had sent its partial ignored the re-announced round and refused its agents' resent updates
+as late: its work was lost (the round missed its quorum; found in review). The site now sends the partials of the
+round it closed again when the root re-announces that round; a root that still holds them refuses the copies."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from protocol.messages import RoundAnnouncement
+from protocol.wire import decode_message, encode_message
+from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, weights
+from tests.unit.coordinator.test_sites import PLAIN_MEAN, SAMPLES, SITES, answer, site_engine, tick_site, vouch
+
+
+def test_a_sites_accepted_partial_survives_a_root_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    root, outbox, _ = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    site = site_engine(tmp_path, "s2", clock)
+    vouch(root, "s2", SITES["s2"])
+    for agent_id in SITES["s2"]:
+        hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site.on_message(TOPICS.rounds_current, payload)
+    updates = {a: answer(announcement, a, root.run.run_id, weights(1.0)) for a in SITES["s2"]}
+    for agent_id, message in updates.items():
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(message))
+    _, out = tick_site(site)  # both answered: the site closes and its partial goes up
+    assert out
+    for topic, partial in out:
+        root.on_message(topic, partial)  # accepted by the root (acked: the broker will not deliver it again)
+    assert set(root.open.updates) == set(SITES["s2"])
+
+    # SIGKILL before the root's tick closes round 1; a new process resumes the run from the state directory.
+    again, again_out, _ = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    vouch(again, "s2", SITES["s2"])  # the site's roster comes again (resync)
+    assert again.open is not None and again.open.number == 1
+    # Everything a site could do to recover: the re-announcement crosses the bridge, its agents resend their updates.
+    for topic, partial in site.on_message(TOPICS.rounds_current, again_out.last(TOPICS.rounds_current)):
+        again.on_message(topic, partial)
+    for agent_id, message in updates.items():
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(message))
+    clock.now += 10.0
+    for topic, partial in tick_site(site)[1]:
+        again.on_message(topic, partial)
+    again.tick()
+    summary = again.last_summary
+    assert summary is not None and summary.round == 1
+    assert (summary.outcome, summary.answered) == ("completed", 2), summary
+
+
+def test_a_root_that_still_holds_the_partials_refuses_the_copies(tmp_path: Path) -> None:
+    clock = Clock()
+    root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    site = site_engine(tmp_path, "s2", clock)
+    vouch(root, "s2", SITES["s2"])
+    for agent_id in SITES["s2"]:
+        hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    site.on_message(TOPICS.rounds_current, payload)
+    for agent_id in SITES["s2"]:
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(answer(announcement, agent_id, root.run.run_id,
+                                                                          weights(1.0))))
+    for topic, partial in tick_site(site)[1]:
+        root.on_message(topic, partial)
+    again = site.on_message(TOPICS.rounds_current, payload)  # the retained announcement, after a site reconnect
+    assert again
+    for topic, partial in again:
+        root.on_message(topic, partial)
+    assert rejected(metrics, "duplicate", "partial") == 1
+    assert set(root.open.updates) == set(SITES["s2"])
