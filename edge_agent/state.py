@@ -6,9 +6,7 @@ file. Arrays are stored with the wire codec, never pickle.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -19,41 +17,13 @@ from protocol.codec import decode, encode
 from protocol.limits import DecodeLimits
 from protocol.topics import check_identifier
 from service_kit.durable import atomic_write_bytes
+from service_kit.state_claim import LOCK_FILE, StateDirClaim, StateDirInUse
 
 _LOCAL_LIMITS = DecodeLimits(max_payload_bytes=4 * 1024**3, max_array_elements=2**31, max_total_elements=2**32,
                              max_items=2**31)
 
 
-LOCK_FILE = ".lock"
-
-
-class StateDirInUse(ValueError):
-    """Another process holds this state directory."""
-
-
-class StateDirClaim:
-    """An exclusive hold on a state directory, for as long as this process lives or until ``release``.
-
-    Two agents on one directory would each save their own view of the privacy ledger and the
-    variates, and the last write would erase the other's spend. ``flock`` is per open file, so a
-    second claim fails in this process too, and the kernel lets go when the process dies."""
-
-    def __init__(self, root: Path) -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / LOCK_FILE
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            self._fd = None
-            raise StateDirInUse(f"state_dir {root} is in use by another agent process (it holds {path}); two "
-                                f"agents sharing one would overwrite each other's privacy budget and state") from None
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+__all__ = ["AgentStateDir", "LOCK_FILE", "StateDirClaim", "StateDirInUse"]  # the claim lives in service_kit
 
 
 class AgentStateDir:

@@ -25,6 +25,7 @@ from coordinator.telemetry.http_server import HealthServer
 from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.transport.mqtt import Backoff, Connection, MqttLink, Will
 from service_kit.keys import load_or_create_signing_key
+from service_kit.state_claim import StateDirClaim
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,14 @@ class CoordinatorService:
         self._link.publish(topic, payload, qos=1, retain=retain)
 
     def run(self, stop: threading.Event) -> int:
+        claim = StateDirClaim(Path(self.settings.state_dir), "coordinator",
+                              "two coordinators on one would overwrite each other's checkpoint and rounds log")
+        try:
+            return self._run(stop)
+        finally:
+            claim.release()
+
+    def _run(self, stop: threading.Event) -> int:
         self.driver.restore()
         self._restored = True
         self.http.start()

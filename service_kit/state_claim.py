@@ -1,0 +1,38 @@
+"""An exclusive hold on a state directory, for as long as the process lives or until ``release``.
+
+Two processes on one state directory each save their own view of what it holds (an agent's privacy ledger and
+variates, a coordinator's checkpoint and rounds log), and the last write erases the other's. ``flock`` is per open
+file, so a second claim fails in the same process too, and the kernel lets go when the process dies (no stale lock
+after a crash)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+
+
+class StateDirInUse(ValueError):
+    """Another process (or another open claim) holds this state directory."""
+
+
+class StateDirClaim:
+    def __init__(self, root: Path, holder: str = "agent",
+                 why: str = "two agents sharing one would overwrite each other's privacy budget and state") -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / LOCK_FILE
+        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise StateDirInUse(f"state_dir {root} is in use by another {holder} process (it holds {path}); "
+                                f"{why}") from None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
