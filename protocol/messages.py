@@ -307,6 +307,10 @@ class Chunk(Message):
     def _check(self) -> Chunk:
         if self.index >= self.count:
             raise PydanticCustomError("schema", "chunk index {i} outside count {c}", {"i": self.index, "c": self.count})
+        # No split sends an empty piece or more pieces than bytes: such pieces would cost the receiver's byte quotas
+        # nothing while each holds an entry.
+        if not self.data or self.count > self.total_bytes:
+            raise PydanticCustomError("schema", "a chunk carries data, and a transfer has no more pieces than bytes")
         return self
 
 

@@ -68,6 +68,9 @@ def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembl
     allows), or None while chunks of it are still missing. Raises only ProtocolError."""
     message = decode_message(payload, (expect, Signed, Chunk), limits)
     if isinstance(message, Chunk):
+        if message.total_bytes > limits.max_payload_bytes:  # what it joins into would be refused: hold none of it
+            raise ProtocolError(Reason.TOO_LARGE, f"a chunked transfer of {message.total_bytes} bytes, over the "
+                                                  f"{limits.max_payload_bytes} a message may have")
         whole = reassembler.add(source, message)
         if whole is None:
             return None
@@ -76,7 +79,11 @@ def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembl
 
 
 class Reassembler:
-    """Collects chunks per (source, transfer id); bounded in transfers, bytes, age and idleness.
+    """Collects chunks per (source, transfer id and header); bounded in transfers, bytes, age and idleness.
+
+    A chunk's header (count, size, digest) is part of its transfer's key: a transfer id is public (retained chunk
+    topics can be read), so a forged chunk reusing one with another header starts a transfer of its own, which never
+    completes, rather than decide the genuine one's header when it happens to arrive first.
 
     When a bound is reached the least recently touched transfer makes room (a source's own, for its own
     bounds): transfers left incomplete, on purpose or not, cannot keep out the ones still arriving. Served
@@ -96,7 +103,7 @@ class Reassembler:
         self.timeout_s = timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.clock = clock
-        self._transfers: dict[tuple[str, str], _Transfer] = {}
+        self._transfers: dict[tuple[str, str, int, int, str], _Transfer] = {}
         self._held_bytes = 0
         self._received = 0
 
@@ -108,7 +115,7 @@ class Reassembler:
         """
         self._expire()
         self._received += 1
-        key = (source, chunk.transfer_id)
+        key = (source, chunk.transfer_id, chunk.count, chunk.total_bytes, chunk.digest)
         transfer = self._transfers.get(key)
         if transfer is None:
             if chunk.total_bytes > min(self.max_bytes, self.max_bytes_per_source):
@@ -121,16 +128,11 @@ class Reassembler:
             transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, now, self._received, now)
             self._transfers[key] = transfer
             self._account(source, 1, 0)
-        elif (chunk.count, chunk.total_bytes, chunk.digest) != (transfer.count, transfer.total_bytes, transfer.digest):
-            # This chunk goes, not the transfer: a transfer id is public (retained chunk topics can be read), so a
-            # chunk that disagrees would otherwise let anyone who may publish there void a genuine transfer.
-            raise ProtocolError(Reason.BAD_CHUNK, "chunk disagrees with its transfer's header")
         if chunk.index in transfer.pieces:
             return None  # a QoS 1 redelivery
         size = len(chunk.data)
-        if transfer.size + size > transfer.total_bytes:
-            self._drop(key)
-            raise ProtocolError(Reason.TOO_LARGE, "chunks exceed their declared size")
+        if transfer.size + size > transfer.total_bytes:  # this chunk goes, not the transfer (its header is public)
+            raise ProtocolError(Reason.TOO_LARGE, "a chunk past its transfer's declared size")
         while self._per_source.get(source, (0, 0))[1] + size > self.max_bytes_per_source and self._evict(key, True):
             pass
         while self._held_bytes + size > self.max_bytes and self._evict(key):
@@ -159,7 +161,7 @@ class Reassembler:
     def in_flight_of(self, source: str) -> int:
         return self._per_source.get(source, (0, 0))[0]
 
-    def _drop(self, key: tuple[str, str]) -> None:
+    def _drop(self, key: tuple[str, str, int, int, str]) -> None:
         transfer = self._transfers.pop(key)
         self._held_bytes -= transfer.size
         self._account(key[0], -1, -transfer.size)
@@ -172,7 +174,7 @@ class Reassembler:
         else:
             self._per_source[source] = (count, held)
 
-    def _evict(self, keep: tuple[str, str], same_source: bool = False) -> bool:
+    def _evict(self, keep: tuple[str, str, int, int, str], same_source: bool = False) -> bool:
         """Drop the least recently touched transfer other than ``keep`` (of ``keep``'s source only, if
         ``same_source``); False when there is none."""
         others = [(t.touched, k) for k, t in self._transfers.items()

@@ -350,9 +350,9 @@ def chunks(draw: st.DrawFn) -> Chunk:
         transfer_id=draw(st.from_regex(r"[0-9a-f]{16,32}", fullmatch=True)),
         index=draw(st.integers(0, count - 1)),
         count=count,
-        total_bytes=draw(st.integers(1, 2**63 - 1)),
+        total_bytes=draw(st.integers(count, 2**63 - 1)),  # no more pieces than bytes
         digest=draw(digests),
-        data=draw(st.binary(max_size=64)),
+        data=draw(st.binary(min_size=1, max_size=64)),  # no empty piece
     )
 
 
