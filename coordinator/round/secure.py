@@ -267,9 +267,10 @@ class SecureRounds:
         folds = [(session, self._unmasked(parts, session)) for session in self.sessions.values()]
         for family, session in self.sessions.items():
             open_round.secure["families"][family] = self._account(session)
-            if session.server.misfits:
-                log.warning("round %d: %s's unmasking outvoted wrong shares revealed by %s", open_round.number,
-                            family, ", ".join(sorted(session.server.misfits)))
+            if session.server.misfits or session.server.unattributed:
+                log.warning("round %d: %s's unmasking outvoted wrong shares revealed by %s, and unnamed ones of %s",
+                            open_round.number, family, ", ".join(sorted(session.server.misfits)) or "none",
+                            ", ".join(sorted(session.server.unattributed)) or "none")
         for session, fold in folds:
             if not fold():
                 raise ValueError(f"{parts.strategy.algorithm} with {parts.strategy.aggregator.describe()} does not "
@@ -355,10 +356,12 @@ class SecureRounds:
             # shares; pairwise masks of agents that shared but did not upload were removed from their keys.
             "recovered": {"self_masks": sorted(set(server.survivors) - m["unmask"]),
                           "pairwise_masks": sorted(server.recovered)},
-            # Survivors that held back shares (a neighbour's bundle did not open for them), and holders whose revealed
-            # share was off its dealer's polynomial (it lied, or the dealer sealed it a wrong one): outvoted, not used.
+            # Survivors that held back shares (a neighbour's bundle did not open for them), holders whose revealed
+            # share was off its dealer's polynomial (it lied, or the dealer sealed it a wrong one), and agents whose
+            # secret opened with wrong shares among its own, too many to tell whose: outvoted, not used.
             "withheld_shares": {h: sorted(a) for h, a in sorted(server.withheld.items())},
             "misfit_shares": {h: sorted(a) for h, a in sorted(server.misfits.items())},
+            "unattributed_shares": sorted(server.unattributed),
         }
 
     # -- helpers ---------------------------------------------------------------------------

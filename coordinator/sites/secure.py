@@ -120,9 +120,10 @@ class SiteSecureRound:
             return [(self.topics.secagg_relay(family, ann.round, "unmask"),
                      SecureUnmask(run_id=ann.run_id, round=ann.round, family=family, survivors=sorted(request.survivors)))]
         session.total = server.finish()
-        if server.misfits or server.withheld:
-            log.warning("round %d: %s's unmasking outvoted wrong shares revealed by %s; %s held shares back",
-                        ann.round, family, sorted(server.misfits) or "none", sorted(server.withheld) or "none")
+        if server.misfits or server.withheld or server.unattributed:
+            log.warning("round %d: %s's unmasking outvoted wrong shares revealed by %s (and unnamed ones of %s); %s "
+                        "held shares back", ann.round, family, sorted(server.misfits) or "none",
+                        sorted(server.unattributed) or "none", sorted(server.withheld) or "none")
         return []
 
     def partials(self, run_id: str, site_id: str, claims: dict[str, int], bytes_in: int) -> list[PartialAggregate]:

@@ -16,7 +16,7 @@ import numpy as np
 from protocol.secagg import shamir
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted
-from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, mask_seed, share_key_from
+from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, clamped, mask_seed, share_key_from
 from protocol.secagg.messages import (
     Advertisement,
     UnmaskRequest,
@@ -76,7 +76,7 @@ class SecAggClient:
             raise SecAggAborted("share", f"{len(self._peers)} neighbours advertised keys, "
                                          f"fewer than the threshold {self.config.threshold}")
         holders = list(self._peers)
-        shares = shamir.split([self._self_mask_seed, self._masking.private_bytes()],
+        shares = shamir.split([self._self_mask_seed, clamped(self._masking.private_bytes())],
                               np.array(holders) + 1, self.config.threshold)
         context = self.config.context
         bundles = {}

@@ -40,6 +40,15 @@ class KeyPair:
         return self.private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
 
 
+def clamped(raw: bytes) -> bytes:
+    """A 32-byte X25519 private key in its one canonical form (RFC 7748 clamping: what X25519 uses of it). Keys are
+    shared in this form, so a rebuilt key is checked bit for bit, not only through its public key: the bits
+    clamping ignores would let a wrong share open a key that passes."""
+    if len(raw) != 32:
+        raise ValueError(f"an X25519 private key has 32 bytes, not {len(raw)}")
+    return bytes([raw[0] & 248, *raw[1:31], (raw[31] & 127) | 64])
+
+
 def public_bytes(private: X25519PrivateKey) -> bytes:
     return private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 

@@ -17,10 +17,10 @@ import numpy as np
 from protocol.secagg import shamir
 from protocol.secagg.config import RoundConfig
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
-from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, mask_seed
+from protocol.secagg.keys import KEY_BYTES, KeyPair, agree, clamped, mask_seed
 from protocol.secagg.messages import BUNDLE_BYTES, Advertisement, UnmaskRequest, UnmaskResponse, seed_commitment
 from protocol.secagg.prg import add_mask
-from protocol.secagg.recovery import Recovered, Share, recover
+from protocol.secagg.recovery import Opened, Recovered, Share, recover
 
 STAGES = ("advertise", "share", "mask", "unmask", "done")
 _PROBE = KeyPair.generate()
@@ -50,7 +50,10 @@ class SecAggServer:
         self.recovered: frozenset[str] = frozenset()  # agents whose pairwise masks were removed
         self.withheld: dict[str, frozenset[str]] = {}  # survivor -> agents whose shares it held but did not reveal
         self.misfits: dict[str, frozenset[str]] = {}  # holder -> agents whose share it revealed off their polynomial
+        self.unattributed: frozenset[str] = frozenset()  # agents opened with wrong shares whose holders are not certain
         self._opened: tuple[int, tuple[Recovered, Recovered] | None] | None = None  # (responses, ready()'s result)
+        self._seed_cache: dict[str, Opened] = {}  # each agent's secret as last opened: ready() decodes only the new
+        self._key_cache: dict[str, Opened] = {}
 
     @property
     def shared(self) -> frozenset[str]:
@@ -189,10 +192,11 @@ class SecAggServer:
         context = self.config.context
         seeds = recover(self._revealed(survivors, lambda r: r.self_mask_shares), self.config.threshold,
                         lambda a, seed: seed_commitment(context, seed) == self.advertised[a].self_mask_commitment,
-                        "self-mask seed")
+                        "self-mask seed", self._seed_cache)
         keys = recover(self._revealed(dropped, lambda r: r.key_shares), self.config.threshold,
-                       lambda a, raw: KeyPair.from_private_bytes(raw).public == self.advertised[a].mask_key,
-                       "mask key")
+                       lambda a, raw: raw == clamped(raw)
+                       and KeyPair.from_private_bytes(raw).public == self.advertised[a].mask_key,
+                       "mask key", self._key_cache)
         return seeds, keys
 
     def finish(self) -> np.ndarray:
@@ -218,6 +222,7 @@ class SecAggServer:
         self.recovered = frozenset(keys.secrets)
         self.misfits = {holder: frozenset(seeds.misfits.get(holder, set()) | keys.misfits.get(holder, set()))
                         for holder in sorted(set(seeds.misfits) | set(keys.misfits))}
+        self.unattributed = frozenset(seeds.unattributed | keys.unattributed)
         self.stage = "done"
         self._responses.clear()
         self._opened = None

@@ -37,7 +37,7 @@ def _encode(secrets: np.ndarray) -> np.ndarray:
     return chunks[:, :, 0] | (chunks[:, :, 1] << np.uint64(8)) | (chunks[:, :, 2] << np.uint64(16))
 
 
-def _decode(values: np.ndarray) -> list[bytes | None]:
+def decode_secrets(values: np.ndarray) -> list[bytes | None]:
     """(S, 11) field elements -> each row's 32-byte secret, or None for a row no secret encodes to (bad shares)."""
     valid = ~np.any(values >> np.uint64(8 * CHUNK_BYTES), axis=1)
     valid &= (values[:, -1] >> np.uint64(8 * (SECRET_BYTES % CHUNK_BYTES))) == 0
@@ -118,7 +118,7 @@ def open_each(xs: np.ndarray, shares: np.ndarray) -> list[bytes | None]:
     total = np.zeros((xs.shape[0], CHUNKS), dtype=np.uint64)
     for j in range(xs.shape[1]):
         total = (total + _mulmod(coefficients[:, j : j + 1], shares[:, j, :])) % np.uint64(P)
-    return _decode(total)
+    return decode_secrets(total)
 
 
 def combine(xs: np.ndarray, shares: np.ndarray) -> list[bytes]:

@@ -36,9 +36,11 @@ def run_round_with(fleet: Fleet, forged: object) -> dict:
     return summary.secure["families"]["f"]
 
 
-def test_a_survivor_revealing_a_wrong_share_is_outvoted_and_named(tmp_path: Path) -> None:
-    """d reveals a wrong share of a's self-mask seed. a's two other holders open the seed a committed to; d's share is
-    off a's polynomial, so d is named, and the sum holds all four inputs."""
+def test_a_survivor_revealing_a_wrong_share_is_outvoted(tmp_path: Path) -> None:
+    """d reveals a wrong share of a's self-mask seed. a's two other holders open the seed a committed to, and the sum
+    holds all four inputs. Three shares at threshold 2 correct no error, so whose share was wrong is not certain: a is
+    recorded with an unnamed wrong share and no holder is named (with more holders d would be:
+    tests/unit/protocol/secagg/test_recovery_attacks.py)."""
     fleet = Fleet(tmp_path)
 
     def lie(message: SecureReveal) -> SecureReveal:
@@ -48,7 +50,7 @@ def test_a_survivor_revealing_a_wrong_share_is_outvoted_and_named(tmp_path: Path
     forged = forge(fleet, "d", "reveal", SecureReveal, lie)
     record = run_round_with(fleet, forged)
     assert record["survivors"] == list(AGENTS)
-    assert record["misfit_shares"] == {"d": ["a"]}
+    assert record["misfit_shares"] == {} and record["unattributed_shares"] == ["a"]
     assert record["withheld_shares"] == {}
 
 
@@ -67,7 +69,7 @@ def test_a_bad_bundle_costs_its_recipient_nothing_but_the_senders_shares(tmp_pat
     record = run_round_with(fleet, forged)
     assert record["survivors"] == list(AGENTS)
     assert record["withheld_shares"] == {"a": ["d"]}
-    assert record["misfit_shares"] == {}
+    assert record["misfit_shares"] == {} and record["unattributed_shares"] == []
     refusals = [r.getMessage() for r in caplog.records if "share bundle was refused" in r.getMessage()]
     assert refusals == ["round 2: d's share bundle was refused: a share bundle does not open with the pair's key "
                         "(tampered, or for another round)"]

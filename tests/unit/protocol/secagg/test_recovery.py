@@ -1,6 +1,7 @@
-"""Unmasking when survivors reveal wrong shares (protocol/secagg/recovery.py): the secret each agent committed to is
-opened from the shares that fit, the wrong ones are named, and a round only fails when no subset within the search
-bound opens it."""
+"""Unmasking when survivors reveal wrong shares (protocol/secagg/recovery.py, decoding.py): the secret each agent
+committed to is decoded from its shares, the holders of wrong ones named when that is certain (within the
+Reed-Solomon radius), never an honest one; past the radius a subset opening the committed secret still completes
+the round, naming no one; a round fails only when no subset within the search bound opens it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from protocol.secagg import recovery, shamir
+from protocol.secagg import decoding, recovery, shamir
 from protocol.secagg.errors import SecAggAborted, SecAggRefused
 from protocol.secagg.messages import UnmaskResponse
 from tests.unit.protocol.secagg.test_round import Stepper, make_round, ring_sum
@@ -49,7 +50,7 @@ def test_too_many_wrong_shares_fail_with_a_reason_naming_the_agent() -> None:
     xs = np.arange(1, 6)
     shares = shamir.split([secret], xs, 3)[0]
     found = [(int(x), f"h{x}", wrong(s, int(x)) if x <= 3 else s) for x, s in zip(xs, shares, strict=True)]  # 2 honest
-    with pytest.raises(SecAggAborted, match="no 3 of the 5 shares of 'a'.s seed open"):
+    with pytest.raises(SecAggAborted, match="the 5 shares of 'a'.s seed do not open to the seed it committed to"):
         recovery.recover({"a": found}, 3, lambda agent, s: s == secret, "seed")
     with pytest.raises(SecAggAborted, match="2 shares of 'a'.s seed arrived, fewer than the threshold 3"):
         recovery.recover({"a": found[:2]}, 3, lambda agent, s: s == secret, "seed")
@@ -96,7 +97,9 @@ def test_ready_waits_for_a_response_that_outvotes_a_wrong_share() -> None:
     step.server.receive_unmask_response(responses[last])
     assert step.server.ready()
     assert np.array_equal(step.server.finish(), ring_sum(list(step.quantised.values())))
-    assert step.server.misfits == {liar: frozenset({victim})}
+    # Three shares at threshold 2 correct no error: a subset that opens the committed seed is found, but whose share
+    # was wrong is not certain, so no one is named.
+    assert step.server.misfits == {} and step.server.unattributed == {victim}
 
 
 def test_a_response_may_hold_shares_back_but_never_reveal_more() -> None:
@@ -112,3 +115,33 @@ def test_a_response_may_hold_shares_back_but_never_reveal_more() -> None:
     held_back = UnmaskResponse(first, dict(list(response.self_mask_shares.items())[1:]), {})
     step.server.receive_unmask_response(held_back)
     assert step.server.withheld[first] == {next(iter(response.self_mask_shares)), config.roster[5]}
+
+
+def test_decoding_corrects_up_to_its_radius_whichever_shares_are_wrong() -> None:
+    rng = np.random.default_rng(7)
+    for n, t in ((7, 3), (22, 12), (28, 15), (9, 1)):
+        secret = rng.bytes(32)
+        xs = np.arange(1, n + 1)
+        shares = shamir.split([secret], xs, t)[0]
+        radius = (n - t) // 2
+        for _ in range(5):
+            bad = rng.choice(n, size=radius, replace=False)
+            ys = shares.copy()
+            for i in bad:
+                ys[i] = wrong(ys[i], int(rng.integers(1 << 30)))
+            values, off = decoding.correct(xs, ys, t)
+            assert shamir.decode_secrets(values[None, :]) == [secret]
+            assert set(np.flatnonzero(off)) == set(bad)
+
+
+def test_liars_past_the_radius_are_not_decoded_into_a_wrong_secret() -> None:
+    secret = bytes(range(32))
+    xs = np.arange(1, 8)
+    shares = shamir.split([secret], xs, 4)[0]  # radius 1
+    ys = shares.copy()
+    ys[0], ys[1] = wrong(ys[0], 1), wrong(ys[1], 2)
+    decoded = decoding.correct(xs, ys, 4)
+    assert decoded is None or shamir.decode_secrets(decoded[0][None, :]) != [secret]  # the check then refuses it
+    opened = recovery.recover({"a": [(int(x), f"h{x}", y) for x, y in zip(xs, ys, strict=True)]}, 4,
+                              lambda agent, s: s == secret, "seed")
+    assert opened.secrets == {"a": secret} and opened.misfits == {} and opened.unattributed == {"a"}
