@@ -51,7 +51,7 @@ from coordinator.telemetry.rejects import RejectLog
 from protocol.compression import CompressionSpec
 from protocol.errors import ProtocolError
 from protocol.limits import DecodeLimits
-from protocol.messages import RoundAnnouncement, Update
+from protocol.messages import CoordinatorStatus, RoundAnnouncement, Update
 from protocol.secagg.errors import SecAggRefused
 from protocol.secagg.wire import STAGE_MESSAGES
 from protocol.security.signing import PublicKey, SigningKey, single_key
@@ -101,15 +101,19 @@ class SiteEngine:
         self.book = RosterBook(settings.site_id, settings.roster_interval_s, wall_clock())
         """What the root was told of the site's agents (their statuses do not cross the bridge: ``roster.py``)."""
         self.sent: list[int] = []
-        self._last_sent: tuple[str, int, Outgoing] | None = None
-        """(run, round, its partials as sent): sent again when the root re-announces that round (it restarted and
-        lost them with its open round's updates; ``_announced``)."""
+        self._last_sent: tuple[str, int, Outgoing, str | None] | None = None
+        """(run, round, its partials as sent, the root's session then): sent again when a new root session (it
+        restarted, losing them with its open round's updates) announces that round (``_resend``)."""
+        self.root_session: str | None = None
+        """The root's session, from its signed status (what agents resend their update on, too)."""
         """Rounds whose partials this process published (for tests and logs)."""
 
     # -- events -----------------------------------------------------------------------------
     def on_message(self, topic: str, payload: bytes) -> Outgoing:
         if topic == self.topics.rounds_current:
             return self._announced(payload)
+        if topic == self.topics.coordinator_status:
+            return self._root_status(payload)
         if topic.startswith(f"{self.topics.root}/secagg/"):
             self._secure_stage(topic, payload)
             return []
@@ -194,17 +198,7 @@ class SiteEngine:
             return []
         if announcement.epoch < self.epoch or (announcement.run_id == self.run_id
                                                and announcement.round < self.next_round):
-            # An older run's, or a round already closed here: the root re-announces its open round after a reconnect
-            # and after a restart, when it has lost the partials it had taken (they live with the open round's updates,
-            # not in its checkpoint). So the partials of the round just closed go up again: a root that still holds
-            # them refuses the copies as duplicates; one that restarted counts them once.
-            last = self._last_sent
-            if last is not None and (announcement.epoch, announcement.run_id, announcement.round) == \
-                    (self.epoch, *last[:2]):
-                log.info("site %s: the root re-announced round %d, which closed here: its partials go up again",
-                         self.settings.site_id, announcement.round)
-                return list(last[2])
-            return []
+            return self._resend(announcement.run_id, announcement.round)  # an older run's, or closed here
         if self.round is not None and self.round.open.number == announcement.round and announcement.run_id == \
                 self.run_id:
             return []
@@ -244,6 +238,33 @@ class SiteEngine:
                  announcement.round, len(self._mine()), deadline - now)
         self._release(lambda inbound: not self._waiting(inbound.update))
         return out
+
+    def _root_status(self, payload: bytes) -> Outgoing:
+        if not payload:
+            return []
+        try:
+            status = decode_trusted(payload, CoordinatorStatus, ANNOUNCEMENT_LIMITS, self.root_trust).message
+        except ProtocolError as exc:
+            self.rejects.record("coordinator_status", exc.reason.value, "coordinator", exc.detail)
+            return []
+        self.root_session = status.session
+        return self._resend(status.run_id, status.round) if status.state == "online" else []
+
+    def _resend(self, run_id: str, round_number: int) -> Outgoing:
+        """The partials of the round that closed here last, again, when a new root session has that round open: a
+        root that restarted lost the partials it had taken (they live with its open round, not in its checkpoint),
+        and this site no longer takes its agents' updates for the round. As agents resend theirs (one per session:
+        a bridge that reconnects re-delivers the retained announcement, and sends nothing again)."""
+        last = self._last_sent
+        if last is None or (last[0], last[1]) != (run_id, round_number) or self.root_session in (None, last[3]):
+            return []
+        if last[3] is None:  # sent before any root status was heard: the first one heard is that session
+            self._last_sent = (*last[:3], self.root_session)
+            return []
+        self._last_sent = (*last[:3], self.root_session)
+        log.info("site %s: root session %s has round %d open, which closed here: its partials go up again",
+                 self.settings.site_id, self.root_session, round_number)
+        return list(last[2])
 
     def _status(self, inbound: StatusIn) -> None:
         decision = admit_status(inbound.status, inbound.agent_id, inbound.signer, self._view())
@@ -325,7 +346,7 @@ class SiteEngine:
                      self.settings.site_id, partial.round, partial.family, partial.count, partial.total_weight,
                      len(partial.outcomes), len(payload))
         self.sent.append(r.open.number)
-        self._last_sent = (self.run_id, r.open.number, list(out))
+        self._last_sent = (self.run_id, r.open.number, list(out), self.root_session)
         self._release(lambda inbound: not self._waiting(inbound.update))  # a closed round's: late now
         return out
 

@@ -52,7 +52,8 @@ class SiteService:
         self._link = MqttLink(
             self.settings.mqtt_client_id, self.settings.broker_address(),
             on_message=lambda topic, payload, retained: self._inbox.put((topic, payload)),
-            subscriptions=[(topics.rounds_current, 1), (topics.all_agent_status, 1), (topics.all_updates, 1),
+            subscriptions=[(topics.rounds_current, 1), (topics.coordinator_status, 1), (topics.all_agent_status, 1),
+                           (topics.all_updates, 1),
                            (topics.all_secagg, 1),
                            (topics.site_resync(self.settings.site_id), 1)],
             persistent_session=True, backoff=Backoff(self.settings.reconnect_min_s, self.settings.reconnect_max_s),

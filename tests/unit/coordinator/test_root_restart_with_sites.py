@@ -1,7 +1,8 @@
 """A root restarted mid-round forgets the sites' partials it had taken (the open round's updates are not in its
 checkpoint). A site that had sent its partial ignored the re-announced round and refused its agents' resent updates
 as late: its work was lost (the round missed its quorum; found in review). The site now sends the partials of the
-round it closed again when the root re-announces that round; a root that still holds them refuses the copies."""
+round it closed again when a new root session (its signed status) has that round open, as agents resend their
+updates; a re-delivered announcement or status of the same session (a bridge that reconnects) sends nothing."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,6 +23,7 @@ def test_a_sites_accepted_partial_survives_a_root_restart(tmp_path: Path) -> Non
     root.tick()
     payload = outbox.last(TOPICS.rounds_current)
     announcement = decode_message(payload, RoundAnnouncement)
+    site.on_message(TOPICS.coordinator_status, outbox.last(TOPICS.coordinator_status))
     site.on_message(TOPICS.rounds_current, payload)
     updates = {a: answer(announcement, a, root.run.run_id, weights(1.0)) for a in SITES["s2"]}
     for agent_id, message in updates.items():
@@ -36,8 +38,11 @@ def test_a_sites_accepted_partial_survives_a_root_restart(tmp_path: Path) -> Non
     again, again_out, _ = make_engine(tmp_path, clock, **PLAIN_MEAN)
     vouch(again, "s2", SITES["s2"])  # the site's roster comes again (resync)
     assert again.open is not None and again.open.number == 1
-    # Everything a site could do to recover: the re-announcement crosses the bridge, its agents resend their updates.
-    for topic, partial in site.on_message(TOPICS.rounds_current, again_out.last(TOPICS.rounds_current)):
+    # The new session's status and re-announcement cross the bridge; the site's agents resend their updates too.
+    resent = site.on_message(TOPICS.coordinator_status, again_out.last(TOPICS.coordinator_status))
+    resent += site.on_message(TOPICS.rounds_current, again_out.last(TOPICS.rounds_current))
+    assert len(resent) == 1  # once, whichever of the two comes first
+    for topic, partial in resent:
         again.on_message(topic, partial)
     for agent_id, message in updates.items():
         site.on_message(TOPICS.update(agent_id, 1), encode_message(message))
@@ -50,7 +55,7 @@ def test_a_sites_accepted_partial_survives_a_root_restart(tmp_path: Path) -> Non
     assert (summary.outcome, summary.answered) == ("completed", 2), summary
 
 
-def test_a_root_that_still_holds_the_partials_refuses_the_copies(tmp_path: Path) -> None:
+def test_a_bridge_that_reconnects_sends_the_partials_once(tmp_path: Path) -> None:
     clock = Clock()
     root, outbox, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
     site = site_engine(tmp_path, "s2", clock)
@@ -58,17 +63,17 @@ def test_a_root_that_still_holds_the_partials_refuses_the_copies(tmp_path: Path)
     for agent_id in SITES["s2"]:
         hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
     root.tick()
-    payload = outbox.last(TOPICS.rounds_current)
+    payload, status = outbox.last(TOPICS.rounds_current), outbox.last(TOPICS.coordinator_status)
     announcement = decode_message(payload, RoundAnnouncement)
+    site.on_message(TOPICS.coordinator_status, status)
     site.on_message(TOPICS.rounds_current, payload)
     for agent_id in SITES["s2"]:
         site.on_message(TOPICS.update(agent_id, 1), encode_message(answer(announcement, agent_id, root.run.run_id,
                                                                           weights(1.0))))
     for topic, partial in tick_site(site)[1]:
         root.on_message(topic, partial)
-    again = site.on_message(TOPICS.rounds_current, payload)  # the retained announcement, after a site reconnect
-    assert again
-    for topic, partial in again:
-        root.on_message(topic, partial)
-    assert rejected(metrics, "duplicate", "partial") == 1
+    # The retained status and announcement again, as a bridge that reconnects delivers them: same session, nothing sent.
+    assert site.on_message(TOPICS.coordinator_status, status) == []
+    assert site.on_message(TOPICS.rounds_current, payload) == []
+    assert rejected(metrics, "duplicate", "partial") == 0
     assert set(root.open.updates) == set(SITES["s2"])
