@@ -379,7 +379,8 @@ class EdgeAgent:
     def _on_global_state(self, round_number: int, payload: bytes) -> None:
         if not payload:  # an emptied retained topic, which anyone may publish: keeping the newest two is cleanup enough
             return
-        received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS, self._trust)
+        received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS, self._trust,
+                           self.topics.global_state(self.worker.family, round_number))
         if received is None:  # more chunks to come
             return
         message = received.message
@@ -454,8 +455,9 @@ class EdgeAgent:
             self._say_if_spent(update)
             return
         payload = self._sealed(encode_message(update))
-        pieces = split_payload(payload, self.max_message_bytes)
-        self._publish_pieces(self.topics.update(self.agent_id, update.round), pieces)
+        topic = self.topics.update(self.agent_id, update.round)
+        pieces = split_payload(payload, self.max_message_bytes, self.signing_key, topic)
+        self._publish_pieces(topic, pieces)
         session = self.coordinator.session if self.coordinator is not None else None
         self._sent = SentUpdate(update.run_id, update.round, pieces, session)
         privacy = f", epsilon {update.privacy.epsilon:.4g}" if update.privacy is not None else ""

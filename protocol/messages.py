@@ -302,9 +302,24 @@ class Chunk(Message):
     total_bytes: int = Field(ge=1)
     digest: Digest
     data: bytes
+    key_id: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16}$")] | None = None
+    signature: Annotated[bytes, Field(min_length=64, max_length=64)] | None = None
+    """The sender's Ed25519 signature over this chunk on its channel (``protocol.transport.chunking.chunk_statement``):
+    a chunk is taken for what its signature proves before it is held, so forged chunks cannot take a receiver's
+    transfer slots; omitted when the sender has no key."""
+
+    @model_serializer(mode="wrap")
+    def _without_absent_signature(self, handler: SerializerFunctionWrapHandler) -> dict:
+        out = handler(self)
+        if self.signature is None:  # an unsigned chunk reads as it did before chunks could be signed
+            out.pop("key_id", None)
+            out.pop("signature", None)
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> Chunk:
+        if (self.key_id is None) != (self.signature is None):
+            raise PydanticCustomError("schema", "a chunk's key_id and signature travel together")
         if self.index >= self.count:
             raise PydanticCustomError("schema", "chunk index {i} outside count {c}", {"i": self.index, "c": self.count})
         # No split sends an empty piece or more pieces than bytes: such pieces would cost the receiver's byte quotas

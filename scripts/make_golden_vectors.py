@@ -55,7 +55,7 @@ from protocol.site_rosters import SiteResync, SiteRoster
 from protocol.task_card import FamilyLayout, TaskCard
 from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
-from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES
+from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES, chunk_statement
 from protocol.wire import encode_message
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "golden"
@@ -249,10 +249,14 @@ def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
     for index in range(count):
         chunk = Chunk(transfer_id=TRANSFER_ID, index=index, count=count, total_bytes=len(signed_state),
                       digest=digest_bytes(signed_state), data=signed_state[index * piece:(index + 1) * piece])
+        channel = TOPICS.global_state(FAMILY, 2)
+        statement = chunk_statement(channel, chunk)
+        chunk = chunk.model_copy(update={"key_id": key.public_key.key_id, "signature": key.sign(statement)})
         v.message(f"chunk_{index}", chunk, TOPICS.global_state_chunk(FAMILY, 2, index), True,
                   f"Piece {index} of global_state_signed.msgpack split at max_message_bytes "
-                  f"{CHUNK_MAX_MESSAGE_BYTES} ({piece} data bytes a chunk).",
-                  max_message_bytes=CHUNK_MAX_MESSAGE_BYTES, whole_file="global_state_signed.msgpack")
+                  f"{CHUNK_MAX_MESSAGE_BYTES} ({piece} data bytes a chunk), signed by the coordinator for {channel}.",
+                  max_message_bytes=CHUNK_MAX_MESSAGE_BYTES, whole_file="global_state_signed.msgpack",
+                  channel=channel, public_key=key.public_key.to_text(), statement_hex=statement.hex())
 
     _task_and_notice(v, key, layout, delta)
     _partial(v, state.digest, delta)

@@ -31,7 +31,7 @@ from protocol.partials import PartialAggregate
 from protocol.security.trust import Received, Trust, accept, decode_trusted
 from protocol.site_rosters import MAX_ROSTER_STATUSES, MAX_SITE_AGENTS, SiteRoster
 from protocol.topics import ParsedTopic, Topics
-from protocol.transport.chunking import Reassembler
+from protocol.transport.chunking import Reassembler, verify_chunk
 from protocol.wire import decode_message
 
 log = logging.getLogger(__name__)
@@ -126,12 +126,14 @@ class Intake:
         self.reassembler = Reassembler(max_bytes=4 * max_update_bytes, max_bytes_per_source=max_update_bytes)
         self._handed: Opened | None = None
 
-    def open(self, payload: bytes) -> Opened:
-        """Verify, decode and validate an update message (one whole, or a chunk), and take its delta's norm.
-        Safe on any thread: it reads only the trusted keys, and the metrics it counts are thread-safe."""
+    def open(self, payload: bytes, topic: str) -> Opened:
+        """Verify, decode and validate an update message (one whole, or a chunk: signed by the topic's agent for
+        that topic), and take its delta's norm. Safe on any thread: it reads only the trusted keys, and the metrics
+        it counts are thread-safe."""
         try:
             message = decode_message(payload, (Update, Signed, Chunk), self.update_limits)
             if isinstance(message, Chunk):
+                verify_chunk(message, topic, self.trust, self.topics.parse(topic).agent_id)
                 return Opened(payload, message)
             received = accept(message, len(payload), Update, self.update_limits, self.trust)
         except ProtocolError as exc:
@@ -165,7 +167,7 @@ class Intake:
         if parsed.kind == "agent_status":
             return self._status(parsed.agent_id, payload)
         if parsed.kind == "update":
-            return self._update(parsed, payload, states, opened or self.open(payload))
+            return self._update(parsed, payload, states, opened or self.open(payload, topic))
         if parsed.kind == "partial":
             return self._partial(parsed, payload)
         if parsed.kind == "site_roster":

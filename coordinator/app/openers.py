@@ -32,7 +32,7 @@ DEPTH = 8
 
 
 class Openers:
-    def __init__(self, inbox: FairInbox, open_update: Callable[[bytes], Opened], *, workers: int = WORKERS,
+    def __init__(self, inbox: FairInbox, open_update: Callable[[bytes, str], Opened], *, workers: int = WORKERS,
                  depth: int = DEPTH) -> None:
         """``open_update``: ``Intake.open`` (thread-safe); workers 0: opened on the loop, when handled."""
         self.inbox = inbox
@@ -59,7 +59,7 @@ class Openers:
             timeout = 0
             opening = None
             if item[0] == UPDATE and self._pool is not None:
-                opening = self._pool.submit(self.open_update, item[2])
+                opening = self._pool.submit(self.open_update, item[2], item[1])
             self._taken.append((item, opening))
 
     @property

@@ -49,7 +49,8 @@ class Publisher:
             if not self.retained.needs_publishing(family, state.round, state.digest):
                 continue
             payload = self.sealed(encode_message(state.message(run_id, family, epoch)))
-            pieces = split_payload(payload, self.max_message_bytes)
+            pieces = split_payload(payload, self.max_message_bytes, self.signing_key,
+                                   self.topics.global_state(family, state.round))
             in_use = self.topics.global_state_topics(family, state.round, len(pieces))
             for topic, piece in zip(in_use, pieces, strict=True):
                 sent += self.publish(topic, piece, "global_state", retain=True)

@@ -7,8 +7,10 @@ expires stale ones, and verifies the digest of the whole before handing it on.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,18 +20,22 @@ from protocol.digest import digest_bytes
 from protocol.errors import ProtocolError, Reason
 from protocol.limits import DecodeLimits
 from protocol.messages import Chunk, Message, Signed
+from protocol.security.signing import SigningKey
 from protocol.security.trust import OPEN, Received, Trust, accept, decode_trusted
 from protocol.wire import decode_message, encode_message
 
 M = TypeVar("M", bound=Message)
 
-CHUNK_OVERHEAD_BYTES = 256
-"""Upper bound on a Chunk's envelope around its data (ids, digest, counters)."""
+CHUNK_OVERHEAD_BYTES = 320
+"""Upper bound on a Chunk's envelope around its data (ids, digest, counters, key id and signature)."""
+CHUNK_DOMAIN = b"edgefl-chunk-v1\x00"
 
 
-def split_payload(payload: bytes, max_message_bytes: int | None) -> list[bytes]:
+def split_payload(payload: bytes, max_message_bytes: int | None, signer: SigningKey | None = None,
+                  channel: str = "") -> list[bytes]:
     """``[payload]`` when it fits (or ``max_message_bytes`` is None or 0: no cap), else the
-    encoded chunks that carry it."""
+    encoded chunks that carry it, each signed by ``signer`` (if given) for ``channel``: the topic
+    the payload would have whole (``chunk_statement``)."""
     if not max_message_bytes or len(payload) <= max_message_bytes:
         return [payload]
     piece = max_message_bytes - CHUNK_OVERHEAD_BYTES
@@ -39,13 +45,44 @@ def split_payload(payload: bytes, max_message_bytes: int | None) -> list[bytes]:
     transfer_id = secrets.token_hex(8)
     digest = digest_bytes(payload)
     view = memoryview(payload)
-    return [
-        encode_message(
-            Chunk(transfer_id=transfer_id, index=i, count=count, total_bytes=len(payload), digest=digest,
-                  data=bytes(view[i * piece:(i + 1) * piece]))
-        )
-        for i in range(count)
-    ]
+    out = []
+    for i in range(count):
+        chunk = Chunk(transfer_id=transfer_id, index=i, count=count, total_bytes=len(payload), digest=digest,
+                      data=bytes(view[i * piece:(i + 1) * piece]))
+        if signer is not None:
+            chunk = chunk.model_copy(update={"key_id": signer.public_key.key_id,
+                                             "signature": signer.sign(chunk_statement(channel, chunk))})
+        out.append(encode_message(chunk))
+    return out
+
+
+def chunk_statement(channel: str, chunk: Chunk) -> bytes:
+    """What a chunk's signature covers: its channel (the topic its whole message would have, which names the agent
+    or family and the round, so a chunk replayed onto another transfer's topic does not verify), its header, its
+    index and the SHA-256 of its data."""
+    return (CHUNK_DOMAIN + channel.encode() + b"\x00" + chunk.transfer_id.encode()
+            + struct.pack("<IIQ", chunk.index, chunk.count, chunk.total_bytes) + chunk.digest.encode()
+            + hashlib.sha256(chunk.data).digest())
+
+
+def verify_chunk(chunk: Chunk, channel: str, trust: Trust, owner: str | None = None) -> str | None:
+    """The signer of ``chunk`` on ``channel`` as ``trust`` allows (None: not verified: no keys, or unsigned where
+    signatures are not required); raises ProtocolError for an unsigned chunk where they are, one signed with a key
+    not trusted, a signature that does not verify, or a signer other than ``owner`` (the topic's agent)."""
+    if trust.lookup is None:
+        return None
+    if chunk.signature is None or chunk.key_id is None:
+        if trust.required:
+            raise ProtocolError(Reason.UNSIGNED, "an unsigned chunk")
+        return None
+    found = trust.lookup(chunk.key_id)
+    if found is None:
+        raise ProtocolError(Reason.UNKNOWN_SIGNER, f"a chunk signed with key {chunk.key_id}, which is not trusted here")
+    signer, key = found
+    key.verify(chunk_statement(channel, chunk), chunk.signature)
+    if owner is not None and signer != owner:
+        raise ProtocolError(Reason.BAD_SIGNATURE, f"a chunk on {owner}'s topic signed by {signer}'s key")
+    return signer
 
 
 @dataclass
@@ -63,11 +100,13 @@ class _Transfer:
 
 
 def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembler,
-            limits: DecodeLimits, trust: Trust = OPEN) -> Received[M] | None:
+            limits: DecodeLimits, trust: Trust = OPEN, channel: str = "") -> Received[M] | None:
     """A message of kind ``expect`` that may come whole or in chunks, signed or not (as ``trust``
-    allows), or None while chunks of it are still missing. Raises only ProtocolError."""
+    allows; a chunk signed by ``source``'s key for ``channel``), or None while chunks of it are still
+    missing. Raises only ProtocolError."""
     message = decode_message(payload, (expect, Signed, Chunk), limits)
     if isinstance(message, Chunk):
+        verify_chunk(message, channel, trust, source)
         if message.total_bytes > limits.max_payload_bytes:  # what it joins into would be refused: hold none of it
             raise ProtocolError(Reason.TOO_LARGE, f"a chunked transfer of {message.total_bytes} bytes, over the "
                                                   f"{limits.max_payload_bytes} a message may have")

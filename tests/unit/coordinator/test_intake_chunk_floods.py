@@ -33,7 +33,7 @@ def test_four_senders_holding_incomplete_transfers_do_not_lock_out_honest_chunke
     for liar in ("m1", "m2", "m3", "m4"):  # four enrolled (here: open enrollment) senders, or anyone on their topics
         _hold(engine, liar)
     for agent in ("a", "b"):
-        for piece in split_payload(encode_message(update(engine, agent, 1)), 300):
+        for piece in split_payload(encode_message(update(engine, agent, 1)), 400):
             engine.on_message(TOPICS.update(agent, 1), piece)
     too_large = rejected(metrics, "too_large")
     assert set(engine.open.updates) == {"a", "b"}, (
@@ -52,7 +52,7 @@ def test_thirty_two_senders_with_two_tiny_transfers_each_do_not_lock_out_honest_
                           data=b"x")
             engine.on_message(TOPICS.update(f"m{i}", 1), encode_message(chunk))
     for agent in ("a", "b"):
-        for piece in split_payload(encode_message(update(engine, agent, 1)), 300):
+        for piece in split_payload(encode_message(update(engine, agent, 1)), 400):
             engine.on_message(TOPICS.update(agent, 1), piece)
     assert set(engine.open.updates) == {"a", "b"}, (
         f"honest chunked updates refused ({rejected(metrics, 'bad_chunk'):.0f} bad_chunk: too many transfers in "

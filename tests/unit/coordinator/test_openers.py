@@ -29,7 +29,7 @@ def fill(inbox: FairInbox, items: list[tuple[str, str, bytes]]) -> None:
 def test_the_loop_gets_items_in_the_inbox_order_though_a_later_update_opens_first() -> None:
     later_opened = threading.Event()
 
-    def open_update(payload: bytes) -> Opened:
+    def open_update(payload: bytes, topic: str) -> Opened:
         if payload == b"first":  # finishes only after the update behind it was opened
             assert later_opened.wait(10), "the second worker never opened the later update"
         else:
@@ -51,7 +51,7 @@ def test_the_loop_gets_items_in_the_inbox_order_though_a_later_update_opens_firs
 def test_only_depth_items_leave_the_inbox_ahead_of_the_loop() -> None:
     inbox = FairInbox(1 << 20)
     fill(inbox, [(UPDATE, f"s{i}", b"x" * 10) for i in range(20)])
-    openers = Openers(inbox, lambda payload: Opened(payload, None), workers=2, depth=4)
+    openers = Openers(inbox, lambda payload, topic: Opened(payload, None), workers=2, depth=4)
     try:
         assert openers.next(timeout=1) is not None
         assert openers.pending == 4 and inbox.queued_bytes == 15 * 10
@@ -63,7 +63,7 @@ def test_without_workers_updates_are_opened_on_the_loop() -> None:
     calls: list[bytes] = []
     inbox = FairInbox(1 << 20)
     fill(inbox, [(UPDATE, "a", b"u")])
-    openers = Openers(inbox, lambda payload: calls.append(payload) or Opened(payload, None), workers=0)
+    openers = Openers(inbox, lambda payload, topic: calls.append(payload) or Opened(payload, None), workers=0)
     assert openers.next(timeout=1) == ((UPDATE, "a", b"u"), None)
     assert calls == []  # the engine's intake opens it when it receives it
 
@@ -84,7 +84,7 @@ def intake(tmp_path: Path) -> Intake:
 def test_an_update_opened_off_the_loop_is_received_as_one_opened_on_it(intake: Intake) -> None:
     payload = encode_message(delta_update("a", 0.25))
     inline = intake.receive(TOPICS.update("a", 2), payload, {})
-    intake.hand(intake.open(payload))
+    intake.hand(intake.open(payload, TOPICS.update("a", 2)))
     handed = intake.receive(TOPICS.update("a", 2), payload, {})
     assert isinstance(inline, UpdateIn) and isinstance(handed, UpdateIn)
     assert handed.update.model_dump(exclude={"delta"}) == inline.update.model_dump(exclude={"delta"})
@@ -97,7 +97,7 @@ def test_an_update_opened_off_the_loop_is_received_as_one_opened_on_it(intake: I
 
 
 def test_an_opening_handed_for_another_message_is_not_used(intake: Intake) -> None:
-    intake.hand(intake.open(encode_message(delta_update("a", 0.25))))
+    intake.hand(intake.open(encode_message(delta_update("a", 0.25)), TOPICS.update("a", 2)))
     received = intake.receive(TOPICS.update("b", 2), encode_message(delta_update("b", 0.5)), {})
     assert isinstance(received, UpdateIn) and received.update.agent_id == "b"
 
@@ -107,7 +107,7 @@ def test_a_bad_update_opened_off_the_loop_is_refused_for_the_same_reason(intake:
     payload[-40:] = b"\xff" * 40  # garbles the tail of the last array or what follows it
     broken = bytes(payload)
     inline = intake.receive(TOPICS.update("a", 2), broken, {})
-    intake.hand(intake.open(broken))
+    intake.hand(intake.open(broken, TOPICS.update("a", 2)))
     handed = intake.receive(TOPICS.update("a", 2), broken, {})
     assert isinstance(inline, Refused) and isinstance(handed, Refused)
     assert handed.reject == inline.reject

@@ -1,10 +1,13 @@
 """Forged chunks against an agent's and the reassembler's transfers (found in review): a forged chunk reusing a
 genuine, public transfer id with another header and arriving first decided the header, so every genuine chunk was
-refused; a piece too large for its transfer voided the genuine transfer; empty pieces held entries free of the byte
-quotas; a transfer the decode limits refuse was buffered whole before being refused."""
+refused; a piece too large for its transfer voided the genuine transfer; forged transfer starts evicted the genuine
+one; empty pieces held entries free of the byte quotas; a transfer the decode limits refuse was buffered whole before
+being refused. The agent now also refuses unsigned chunks before holding them (the reassembler-level cases stay:
+a receiver without keys takes chunks unverified)."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,7 @@ from protocol.messages import Chunk, GlobalState
 from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES, Reassembler, receive, split_payload
 from protocol.wire import decode_message, encode_message
 from tests.unit.edge_agent.test_agent_faults import TOPICS
-from tests.unit.edge_agent.test_freshness import B, coordinator, make_agent, signed
+from tests.unit.edge_agent.test_freshness import B, coordinator, make_agent, signed_chunks
 from tests.unit.edge_agent.test_receiver_attacks import big_state
 
 
@@ -47,7 +50,7 @@ def test_agent_late_subscriber_gets_genuine_state_despite_a_forged_retained_chun
     agent, _, _ = make_agent(tmp_path)
     coordinator(agent, B)
     state = big_state(B, 2)
-    pieces = split_payload(signed(state), CHUNK_OVERHEAD_BYTES + 512)
+    pieces = signed_chunks(state, CHUNK_OVERHEAD_BYTES + 512)
     first = decode_message(pieces[0], Chunk)
     agent._on_message(TOPICS.global_state_chunk("f", 2, len(pieces)), encode_message(_forged_first(first)), True)
     for i, piece in enumerate(pieces):
@@ -78,7 +81,7 @@ def test_reassembler_an_oversized_forged_piece_does_not_void_the_genuine_transfe
 def test_agent_keeps_the_genuine_state_after_an_oversized_forged_piece(tmp_path: Path) -> None:
     agent, _, _ = make_agent(tmp_path)
     coordinator(agent, B)
-    pieces = split_payload(signed(big_state(B, 2)), CHUNK_OVERHEAD_BYTES + 512)
+    pieces = signed_chunks(big_state(B, 2), CHUNK_OVERHEAD_BYTES + 512)
     agent._on_message(TOPICS.global_state_chunk("f", 2, 0), pieces[0], True)
     agent._on_message(TOPICS.global_state_chunk("f", 2, 1),
                       encode_message(_oversized(decode_message(pieces[0], Chunk), 1)), False)
@@ -102,3 +105,21 @@ def test_a_transfer_declaring_more_than_the_decode_limits_is_refused_at_its_firs
                   digest=digest_bytes(b"x"), data=b"x" * 1000)
     with pytest.raises(ProtocolError):
         receive(encode_message(chunk), "coordinator", GlobalState, r, _STATE_LIMITS)
+
+
+def test_forged_transfer_starts_do_not_evict_the_genuine_global_state(tmp_path: Path) -> None:
+    """Every chunk an agent reassembles is the coordinator's and it holds four transfers: four forged transfer starts
+    on any of the family's chunk topics evicted the state in progress, whose retained chunks come once. Unsigned,
+    they are refused before they are held."""
+    agent, _, _ = make_agent(tmp_path)
+    coordinator(agent, B)
+    pieces = signed_chunks(big_state(B, 2), CHUNK_OVERHEAD_BYTES + 512)
+    for i, piece in enumerate(pieces):
+        agent._on_message(TOPICS.global_state_chunk("f", 2, i), piece, True)
+        if i == 0:
+            for _ in range(4):
+                junk = Chunk(transfer_id=secrets.token_hex(8), index=0, count=2, total_bytes=2,
+                             digest=digest_bytes(b"xx"), data=b"x")
+                agent._on_message(TOPICS.global_state_chunk("f", 2, 99), encode_message(junk), False)
+    assert 2 in agent.global_states, f"genuine state never assembled: {dict(agent.rejected)}"
+    assert agent.rejected["unsigned"] == 4

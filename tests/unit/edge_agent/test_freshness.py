@@ -16,6 +16,7 @@ from edge_agent.profiles import get_profile
 from edge_agent.state import AgentStateDir
 from protocol.messages import CoordinatorStatus, GlobalState, LocalTraining, Message, RoundAnnouncement, StateRef
 from protocol.security.signing import SigningKey
+from protocol.transport.chunking import split_payload
 from protocol.transport.mqtt import BrokerAddress
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
@@ -41,6 +42,11 @@ def make_agent(tmp_path: Path, *, pinned: bool = True) -> tuple[EdgeAgent, FakeW
 
 def signed(message: Message) -> bytes:
     return encode_message(KEY.seal(encode_message(message)))
+
+
+def signed_chunks(state: GlobalState, max_message_bytes: int) -> list[bytes]:
+    """A state's signed envelope in chunks, each signed by the coordinator for the state's topic, as it publishes."""
+    return split_payload(signed(state), max_message_bytes, KEY, TOPICS.global_state(state.family, state.round))
 
 
 def coordinator(agent: EdgeAgent, run: tuple[str, int], state: str = "online") -> None:

@@ -19,13 +19,13 @@ from protocol.secagg.config import RoundConfig
 from protocol.secagg.wire import AdvertisedKeys, SecureAdvertise, SecureFamily, SecureKeys, SecureSetup
 from protocol.security.signing import single_key
 from protocol.security.trust import Trust
-from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES, split_payload
+from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
 from tests.unit.edge_agent.links import FakeLink
 from tests.unit.edge_agent.test_agent_faults import TOPICS, FakeWorker
 from tests.unit.edge_agent.test_dp_agent import announce, settings, start
-from tests.unit.edge_agent.test_freshness import KEY, B, coordinator, make_agent, signed
+from tests.unit.edge_agent.test_freshness import KEY, B, coordinator, make_agent, signed, signed_chunks
 
 
 def big_state(run: tuple[str, int], number: int) -> GlobalState:
@@ -66,7 +66,7 @@ def test_a_chunk_reusing_the_genuine_transfer_id_does_not_kill_the_transfer(tmp_
     agent, _, _ = make_agent(tmp_path)
     coordinator(agent, B)
     state = big_state(B, 2)
-    pieces = split_payload(signed(state), CHUNK_OVERHEAD_BYTES + 512)
+    pieces = signed_chunks(state, CHUNK_OVERHEAD_BYTES + 512)
     agent._on_message(TOPICS.global_state_chunk("f", 2, 0), pieces[0], True)
     first = decode_message(pieces[0], Chunk)
     poison = Chunk(transfer_id=first.transfer_id, index=1, count=first.count + 1, total_bytes=first.total_bytes,

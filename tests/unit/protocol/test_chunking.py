@@ -166,7 +166,7 @@ def test_a_chunk_that_disagrees_with_its_transfer_starts_its_own(field: str, fir
 def test_a_new_transfer_past_the_slots_evicts_the_least_recently_touched() -> None:
     """Transfers left incomplete (a liar's, or a device that died mid-send) cannot keep out the ones still coming."""
     reassembler = Reassembler(max_transfers=2)
-    transfers = [chunks_of(bytes([i]) * 1000, 600) for i in range(3)]
+    transfers = [chunks_of(bytes([i]) * 1000, 664) for i in range(3)]
     assert len(transfers[0]) == 3
     reassembler.add("a", transfers[0][0])
     reassembler.add("b", transfers[1][0])
@@ -181,8 +181,8 @@ def test_a_new_transfer_past_the_slots_evicts_the_least_recently_touched() -> No
 
 def test_a_source_past_its_own_slots_evicts_its_own_stalest_transfer() -> None:
     reassembler = Reassembler(max_transfers_per_source=1)
-    old, new = chunks_of(b"o" * 1000, 600), chunks_of(b"n" * 1000, 600)
-    reassembler.add("b", chunks_of(b"b" * 1000, 600)[0])
+    old, new = chunks_of(b"o" * 1000, 664), chunks_of(b"n" * 1000, 664)
+    reassembler.add("b", chunks_of(b"b" * 1000, 664)[0])
     reassembler.add("a", old[0])
     assert [reassembler.add("a", c) for c in new][-1] == b"n" * 1000  # a's older transfer went, not b's
     assert reassembler.in_flight == 1
@@ -191,13 +191,13 @@ def test_a_source_past_its_own_slots_evicts_its_own_stalest_transfer() -> None:
 def test_a_transfer_over_max_bytes_is_refused_up_front() -> None:
     reassembler = Reassembler(max_bytes=1500)
     with protocol_error(Reason.TOO_LARGE):
-        reassembler.add("a", chunks_of(b"x" * 2000, 600)[0])
+        reassembler.add("a", chunks_of(b"x" * 2000, 664)[0])
     assert reassembler.in_flight == 0
 
 
 def test_held_bytes_across_transfers_are_bounded_by_evicting_the_least_recently_touched() -> None:
     reassembler = Reassembler(max_bytes=1200)
-    first, second = chunks_of(b"x" * 1000, 600), chunks_of(b"y" * 1000, 600)
+    first, second = chunks_of(b"x" * 1000, 664), chunks_of(b"y" * 1000, 664)
     piece = len(first[0].data)
     assert 3 * piece <= 1200 < 4 * piece
     reassembler.add("b", second[0])
@@ -206,7 +206,7 @@ def test_held_bytes_across_transfers_are_bounded_by_evicting_the_least_recently_
     assert reassembler.add("a", first[2]) == b"x" * 1000  # b's piece made room
     assert reassembler.in_flight == 0
     with protocol_error(Reason.TOO_LARGE):  # what one transfer alone cannot fit is still refused
-        Reassembler(max_bytes=1200, max_bytes_per_source=1200).add("a", chunks_of(b"z" * 1300, 600)[0])
+        Reassembler(max_bytes=1200, max_bytes_per_source=1200).add("a", chunks_of(b"z" * 1300, 664)[0])
 
 
 def test_stale_transfers_expire() -> None:

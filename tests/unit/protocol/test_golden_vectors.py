@@ -30,7 +30,7 @@ from protocol.messages import MESSAGE_TYPES, Chunk, GlobalState, Signed, Update
 from protocol.security.signing import DOMAIN, PublicKey, single_key
 from protocol.security.trust import OPEN, Trust, decode_trusted
 from protocol.topics import Topics
-from protocol.transport.chunking import Reassembler, receive, split_payload
+from protocol.transport.chunking import Reassembler, chunk_statement, receive, split_payload
 from protocol.wire import decode_message, encode_message
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -222,11 +222,17 @@ def test_the_chunks_reassemble_into_the_signed_global_state() -> None:
     again = Reassembler()  # and through the receive path the agent uses, signature checked
     key = PublicKey.from_text(sidecar("global_state_signed")["public_key"])
     trust = Trust(single_key("coordinator", key), True)
-    got = [receive(payload(n), "coordinator", GlobalState, again, DEFAULT_LIMITS, trust) for n in names]
+    channel = sidecar(names[0])["channel"]
+    got = [receive(payload(n), "coordinator", GlobalState, again, DEFAULT_LIMITS, trust, channel) for n in names]
     assert got[-1] is not None and encode_message(got[-1].message) == payload("global_state")
-    # The script splits exactly as protocol.transport.chunking does, but with a fixed transfer id.
+    for name, chunk in zip(names, chunks, strict=True):  # what each signature covers, byte for byte
+        assert chunk_statement(channel, chunk).hex() == sidecar(name)["statement_hex"]
+    # The script splits exactly as protocol.transport.chunking does, but with a fixed transfer id (so the signatures
+    # differ: they cover it).
     reference = [decode_message(p, Chunk) for p in split_payload(whole, sidecar(names[0])["max_message_bytes"])]
-    assert [c.model_copy(update={"transfer_id": chunks[0].transfer_id}) for c in reference] == chunks
+    unsigned = {"key_id": None, "signature": None}
+    assert [c.model_copy(update={"transfer_id": chunks[0].transfer_id}) for c in reference] == \
+        [c.model_copy(update=unsigned) for c in chunks]
 
 
 def _agent_outcome(state: dict[str, Any], message: dict[str, Any]) -> tuple[str, str | None]:

@@ -60,10 +60,11 @@ def test_an_open_receiver_unwraps_without_verifying() -> None:
 
 def test_chunks_carry_the_signed_envelope_whole() -> None:
     payload = sealed(COORDINATOR, encode_message(sample_update()))
-    pieces = split_payload(payload, 512)
+    pieces = split_payload(payload, 512, COORDINATOR, "fl/t/global/f/2")
     assert len(pieces) > 1
     reassembler = Reassembler()
-    results = [receive(p, "coordinator", type(sample_update()), reassembler, DEFAULT_LIMITS, TRUSTED) for p in pieces]
+    results = [receive(p, "coordinator", type(sample_update()), reassembler, DEFAULT_LIMITS, TRUSTED, "fl/t/global/f/2")
+               for p in pieces]
     assert results[:-1] == [None] * (len(pieces) - 1)
     assert results[-1] is not None and results[-1].signer == "coordinator" and results[-1].size == len(payload)
 
@@ -93,3 +94,35 @@ def test_one_sender_cannot_take_every_reassembly_slot() -> None:
     with pytest.raises(ProtocolError) as failed:
         reassembler.add("big", decode_message(split_payload(bytes(9000), 600)[0], Chunk))
     assert failed.value.reason.value == "too_large"
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("unsigned", "unsigned"), ("other key", "unknown_signer"), ("other channel", "bad_signature"),
+    ("data changed", "bad_signature"), ("header changed", "bad_signature"), ("another trusted owner", "bad_signature")])
+def test_a_chunk_is_taken_for_what_its_signature_proves(case: str, reason: str) -> None:
+    """Before it is held: a forged chunk takes no transfer slot (nor evicts a genuine transfer), a genuine chunk replayed
+    onto another topic (another round's, another agent's) does not verify, and an enrolled agent cannot sign chunks
+    for another agent's topic."""
+    from protocol.messages import Chunk
+    from protocol.transport.chunking import chunk_statement
+    from protocol.wire import decode_message
+
+    other = SigningKey.generate()
+    lookup = {COORDINATOR.public_key.key_id: ("coordinator", COORDINATOR.public_key),
+              other.public_key.key_id: ("agent-b", other.public_key)}
+    trust = Trust(lookup.get, required=True) if case == "another trusted owner" else TRUSTED
+    channel = "fl/t/global/f/2"
+    signer = other if case in ("other key", "another trusted owner") else COORDINATOR
+    piece = decode_message(split_payload(bytes(3000), 1024, signer, channel)[0], Chunk)
+    changed = {
+        "unsigned": piece.model_copy(update={"key_id": None, "signature": None}),
+        "data changed": piece.model_copy(update={"data": b"x" + piece.data[1:]}),
+        "header changed": piece.model_copy(update={"count": piece.count + 1}),
+    }.get(case, piece)
+    reassembler = Reassembler()
+    with pytest.raises(ProtocolError) as caught:
+        receive(encode_message(changed), "coordinator", type(sample_update()), reassembler, DEFAULT_LIMITS, trust,
+                "fl/t/global/f/3" if case == "other channel" else channel)
+    assert caught.value.reason.value == reason
+    assert reassembler.in_flight == 0
+    assert chunk_statement(channel, piece) != chunk_statement("fl/t/global/f/3", piece)
