@@ -369,18 +369,18 @@ class EdgeAgent:
         sent, coordinator = self._sent, self.coordinator
         if sent is None or (sent.run_id, sent.round) != (ann.run_id, ann.round):
             return
-        if coordinator is None or coordinator.run_id != ann.run_id or coordinator.session == sent.session:
+        if coordinator is None or coordinator.run_id != ann.run_id or coordinator.session in sent.sessions:
             return
         log.info("coordinator session %s re-announced round %d: sending the update again", coordinator.session,
                  ann.round)
         self._publish_pieces(self.topics.update(self.agent_id, ann.round), sent.pieces)
-        sent.session = coordinator.session
+        sent.sessions.add(coordinator.session)
 
     def _on_global_state(self, round_number: int, payload: bytes) -> None:
         if not payload:  # an emptied retained topic, which anyone may publish: keeping the newest two is cleanup enough
             return
         received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS, self._trust,
-                           self.topics.global_state(self.worker.family, round_number))
+                           self.topics.global_state(self.worker.family, round_number), round_number)
         if received is None:  # more chunks to come
             return
         message = received.message
@@ -459,7 +459,7 @@ class EdgeAgent:
         pieces = split_payload(payload, self.max_message_bytes, self.signing_key, topic)
         self._publish_pieces(topic, pieces)
         session = self.coordinator.session if self.coordinator is not None else None
-        self._sent = SentUpdate(update.run_id, update.round, pieces, session)
+        self._sent = SentUpdate(update.run_id, update.round, pieces, {session} if session is not None else set())
         privacy = f", epsilon {update.privacy.epsilon:.4g}" if update.privacy is not None else ""
         log.info("round %d (%s): sent %s, held-out accuracy of the model the round started from %.3f%s", update.round, update.task,
                  "weights" if update.weights else "delta" if update.delta

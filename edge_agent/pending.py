@@ -16,8 +16,9 @@ class SentUpdate:
     run_id: str
     round: int
     pieces: list[bytes]
-    session: str | None
-    """The coordinator session it was last sent to (None: no coordinator status seen yet)."""
+    sessions: set[str]
+    """The coordinator sessions it was sent to (empty: no coordinator status seen yet). Each gets it once: a replayed
+    older status (signed, so it verifies) must not make the agent upload it again and again."""
 
 
 @dataclass

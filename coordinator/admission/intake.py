@@ -152,8 +152,10 @@ class Intake:
         """The next ``receive`` of ``opened.payload`` starts from ``opened`` instead of decoding it again."""
         self._handed = opened
 
-    def receive(self, topic: str, payload: bytes, states: Mapping[str, StateArrays]) -> Inbound | None:
-        """``states``: each family's current global state, which compressed deltas unpack against."""
+    def receive(self, topic: str, payload: bytes, states: Mapping[str, StateArrays], oldest_round: int = 0
+                ) -> Inbound | None:
+        """``states``: each family's current global state, which compressed deltas unpack against; ``oldest_round``:
+        chunks of an update for an older round are refused before they are held (``late``)."""
         opened, self._handed = self._handed, None
         if opened is not None and opened.payload is not payload:
             opened = None
@@ -167,7 +169,7 @@ class Intake:
         if parsed.kind == "agent_status":
             return self._status(parsed.agent_id, payload)
         if parsed.kind == "update":
-            return self._update(parsed, payload, states, opened or self.open(payload, topic))
+            return self._update(parsed, payload, states, opened or self.open(payload, topic), oldest_round)
         if parsed.kind == "partial":
             return self._partial(parsed, payload)
         if parsed.kind == "site_roster":
@@ -208,14 +210,19 @@ class Intake:
         return StatusIn(agent_id, received.message, received.signer)
 
     def _update(self, parsed: ParsedTopic, payload: bytes, states: Mapping[str, StateArrays],
-                opened: Opened) -> Inbound | None:
+                opened: Opened, oldest_round: int = 0) -> Inbound | None:
         assert parsed.agent_id is not None
         try:
             if opened.error is not None:
                 raise opened.error
             received = opened.message
             if isinstance(received, Chunk):
-                whole = self.reassembler.add(parsed.agent_id, received)
+                # A signed chunk proves its sender and topic, not that it is new: an agent's old transfers, replayed
+                # on their own rounds' topics, would take its two transfer slots from the one it sends now.
+                if parsed.round is not None and parsed.round < oldest_round:
+                    return Refused("update", parsed.agent_id, Reject(
+                        RejectReason.LATE, f"a chunk of round {parsed.round}, older than round {oldest_round}"))
+                whole = self.reassembler.add(parsed.agent_id, received, parsed.round or 0)
                 if whole is None:  # more chunks to come
                     return None
                 received = decode_trusted(whole, Update, self.update_limits, self.trust)  # on the loop: the rare case

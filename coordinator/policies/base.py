@@ -35,5 +35,10 @@ class RoundPolicy(ABC):
         """Updates that close a round before its deadline."""
         return planned
 
+    def oldest_round(self, open_number: int) -> int:
+        """The oldest round whose updates this policy may still take while round ``open_number`` is open: older ones
+        are refused before their chunks are held (a replayed old transfer must not take the sender's slots)."""
+        return open_number
+
     def closes(self, open_round: OpenRound, now: float) -> bool:
         return open_round.enough_answered() or now >= open_round.deadline

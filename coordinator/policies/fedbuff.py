@@ -40,6 +40,9 @@ class FedBuffPolicy(RoundPolicy):
         self._evaluation = SynchronousPolicy()
         """The final evaluation round is synchronous: every agent scores the last version once."""
 
+    def oldest_round(self, open_number: int) -> int:
+        return open_number - self.max_staleness
+
     def staleness_weight(self, staleness: int) -> float:
         return float((1 + staleness) ** -self.exponent)
 

@@ -113,7 +113,8 @@ class RoundEngine:
         if parts.secure is not None and topic.startswith(f"{parts.topics.root}/secagg/"):
             parts.secure.receive(parts, run, topic, payload)  # a secure round's stage message
             return parts.actions.drain()
-        inbound = parts.intake.receive(topic, payload, parts.strategy.states)
+        floor = parts.policy.oldest_round(run.open.number) if run.open is not None else run.next_round
+        inbound = parts.intake.receive(topic, payload, parts.strategy.states, floor)
         if isinstance(inbound, Refused):
             applying.refused(parts, run, inbound)
         elif isinstance(inbound, StatusCleared):

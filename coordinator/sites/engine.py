@@ -39,6 +39,7 @@ from coordinator.round.secure_session import TOPIC_STAGE
 from coordinator.sites.folding import SiteRound
 from coordinator.sites.held import HeldUpdates
 from coordinator.sites.payloads import FOLDED, SitePayloads
+from coordinator.sites.resend import LastPartials
 from coordinator.sites.roster import RosterBook
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.sites.settings import SiteSettings
@@ -101,9 +102,8 @@ class SiteEngine:
         self.book = RosterBook(settings.site_id, settings.roster_interval_s, wall_clock())
         """What the root was told of the site's agents (their statuses do not cross the bridge: ``roster.py``)."""
         self.sent: list[int] = []
-        self._last_sent: tuple[str, int, Outgoing, str | None] | None = None
-        """(run, round, its partials as sent, the root's session then): sent again when a new root session (it
-        restarted, losing them with its open round's updates) announces that round (``_resend``)."""
+        self.last_partials = LastPartials()
+        """Sent again to a new root session that has their round open (``resend.py``)."""
         self.root_session: str | None = None
         """The root's session, from its signed status (what agents resend their update on, too)."""
         """Rounds whose partials this process published (for tests and logs)."""
@@ -120,7 +120,7 @@ class SiteEngine:
         if topic == self.topics.site_resync(self.settings.site_id):
             self._resync(payload)
             return []
-        inbound = self.intake.receive(topic, payload, {})
+        inbound = self.intake.receive(topic, payload, {}, self.next_round)  # later rounds' wait for their announcement
         if isinstance(inbound, StatusIn):
             self._status(inbound)
         elif isinstance(inbound, StatusCleared):
@@ -251,20 +251,11 @@ class SiteEngine:
         return self._resend(status.run_id, status.round) if status.state == "online" else []
 
     def _resend(self, run_id: str, round_number: int) -> Outgoing:
-        """The partials of the round that closed here last, again, when a new root session has that round open: a
-        root that restarted lost the partials it had taken (they live with its open round, not in its checkpoint),
-        and this site no longer takes its agents' updates for the round. As agents resend theirs (one per session:
-        a bridge that reconnects re-delivers the retained announcement, and sends nothing again)."""
-        last = self._last_sent
-        if last is None or (last[0], last[1]) != (run_id, round_number) or self.root_session in (None, last[3]):
-            return []
-        if last[3] is None:  # sent before any root status was heard: the first one heard is that session
-            self._last_sent = (*last[:3], self.root_session)
-            return []
-        self._last_sent = (*last[:3], self.root_session)
-        log.info("site %s: root session %s has round %d open, which closed here: its partials go up again",
-                 self.settings.site_id, self.root_session, round_number)
-        return list(last[2])
+        out = self.last_partials.again(run_id, round_number, self.root_session)
+        if out:
+            log.info("site %s: root session %s has round %d open, which closed here: its partials go up again",
+                     self.settings.site_id, self.root_session, round_number)
+        return out
 
     def _status(self, inbound: StatusIn) -> None:
         decision = admit_status(inbound.status, inbound.agent_id, inbound.signer, self._view())
@@ -346,7 +337,7 @@ class SiteEngine:
                      self.settings.site_id, partial.round, partial.family, partial.count, partial.total_weight,
                      len(partial.outcomes), len(payload))
         self.sent.append(r.open.number)
-        self._last_sent = (self.run_id, r.open.number, list(out), self.root_session)
+        self.last_partials.sent(self.run_id, r.open.number, out, self.root_session)
         self._release(lambda inbound: not self._waiting(inbound.update))  # a closed round's: late now
         return out
 

@@ -91,6 +91,8 @@ class _Transfer:
     total_bytes: int
     digest: str
     started: float
+    rank: int
+    """The round its message is of (on its topic): the lowest-ranked transfer is evicted first."""
     touched: int
     """When its last chunk came, in chunks received (the least recently touched transfer is evicted first)."""
     last: float
@@ -100,7 +102,7 @@ class _Transfer:
 
 
 def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembler,
-            limits: DecodeLimits, trust: Trust = OPEN, channel: str = "") -> Received[M] | None:
+            limits: DecodeLimits, trust: Trust = OPEN, channel: str = "", rank: int = 0) -> Received[M] | None:
     """A message of kind ``expect`` that may come whole or in chunks, signed or not (as ``trust``
     allows; a chunk signed by ``source``'s key for ``channel``), or None while chunks of it are still
     missing. Raises only ProtocolError."""
@@ -110,7 +112,7 @@ def receive(payload: bytes, source: str, expect: type[M], reassembler: Reassembl
         if message.total_bytes > limits.max_payload_bytes:  # what it joins into would be refused: hold none of it
             raise ProtocolError(Reason.TOO_LARGE, f"a chunked transfer of {message.total_bytes} bytes, over the "
                                                   f"{limits.max_payload_bytes} a message may have")
-        whole = reassembler.add(source, message)
+        whole = reassembler.add(source, message, rank)
         if whole is None:
             return None
         return decode_trusted(whole, expect, limits, trust)
@@ -124,8 +126,9 @@ class Reassembler:
     topics can be read), so a forged chunk reusing one with another header starts a transfer of its own, which never
     completes, rather than decide the genuine one's header when it happens to arrive first.
 
-    When a bound is reached the least recently touched transfer makes room (a source's own, for its own
-    bounds): transfers left incomplete, on purpose or not, cannot keep out the ones still arriving. Served
+    When a bound is reached the transfer of the oldest round (``rank``), then the least recently touched, makes room
+    (a source's own, for its own bounds): transfers left incomplete, on purpose or not, cannot keep out the ones
+    still arriving, and a sender's old transfers replayed (signed, but stale) cannot push out its newest. Served
     fairly (the coordinator's inbox takes senders in turn), a transfer in progress is touched at least once
     per turn, so it is never the least recently touched while others arrive."""
 
@@ -146,7 +149,7 @@ class Reassembler:
         self._held_bytes = 0
         self._received = 0
 
-    def add(self, source: str, chunk: Chunk) -> bytes | None:
+    def add(self, source: str, chunk: Chunk, rank: int = 0) -> bytes | None:
         """Store one chunk; return the whole payload once complete and verified.
 
         ``source`` is who sent it (the topic's agent id), so one sender cannot complete or
@@ -164,7 +167,7 @@ class Reassembler:
             if len(self._transfers) >= self.max_transfers:
                 self._evict(key)
             now = self.clock()
-            transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, now, self._received, now)
+            transfer = _Transfer(chunk.count, chunk.total_bytes, chunk.digest, now, rank, self._received, now)
             self._transfers[key] = transfer
             self._account(source, 1, 0)
         if chunk.index in transfer.pieces:
@@ -214,13 +217,13 @@ class Reassembler:
             self._per_source[source] = (count, held)
 
     def _evict(self, keep: tuple[str, str, int, int, str], same_source: bool = False) -> bool:
-        """Drop the least recently touched transfer other than ``keep`` (of ``keep``'s source only, if
+        """Drop the oldest round's least recently touched transfer other than ``keep`` (of ``keep``'s source only, if
         ``same_source``); False when there is none."""
-        others = [(t.touched, k) for k, t in self._transfers.items()
+        others = [(t.rank, t.touched, k) for k, t in self._transfers.items()
                   if k != keep and (not same_source or k[0] == keep[0])]
         if not others:
             return False
-        self._drop(min(others)[1])
+        self._drop(min(others)[2])
         return True
 
     def _expire(self) -> None:

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
+from coordinator.sites.engine import SiteEngine
+from coordinator.sites.settings import SiteSettings
+from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.messages import RoundAnnouncement
+from protocol.security.signing import SigningKey
 from protocol.wire import decode_message, encode_message
 from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected, weights
 from tests.unit.coordinator.test_sites import PLAIN_MEAN, SAMPLES, SITES, answer, site_engine, tick_site, vouch
@@ -77,3 +83,57 @@ def test_a_bridge_that_reconnects_sends_the_partials_once(tmp_path: Path) -> Non
     assert site.on_message(TOPICS.rounds_current, payload) == []
     assert rejected(metrics, "duplicate", "partial") == 0
     assert set(root.open.updates) == set(SITES["s2"])
+
+
+ROOT_KEY = SigningKey.generate()
+
+
+def signed(payload: bytes) -> bytes:
+    """What the root publishes when it has a signing key (the test root has none: sealed here, as it would be)."""
+    return encode_message(ROOT_KEY.seal(payload))
+
+
+def keyed_site(tmp_path: Path, clock: Clock) -> SiteEngine:
+    settings = SiteSettings(federation="t", site_id="s2", state_dir=tmp_path / "s2", round_deadline_s=10.0,
+                            min_available_agents=2, min_fit_agents=2, **{"enrollment": "open", **PLAIN_MEAN})
+    return SiteEngine(settings, CoordinatorMetrics(CollectorRegistry()), signing_key=None,
+                      coordinator_key=ROOT_KEY.public_key, clock=clock, wall_clock=clock)
+
+
+def test_replayed_older_root_statuses_do_not_make_a_site_resend_again(tmp_path: Path) -> None:
+    """A signed status verifies whatever its age: replaying the root's earlier sessions' statuses alternately made the
+    site send its partials up the bridge every time (found in review). Once per session now."""
+    clock = Clock()
+    root, outbox, _ = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    site = keyed_site(tmp_path, clock)
+    vouch(root, "s2", SITES["s2"])
+    for agent_id in SITES["s2"]:
+        hello(site, agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+    root.tick()
+    payload = outbox.last(TOPICS.rounds_current)
+    announcement = decode_message(payload, RoundAnnouncement)
+    status_s0 = signed(outbox.last(TOPICS.coordinator_status))
+    site.on_message(TOPICS.coordinator_status, status_s0)
+    site.on_message(TOPICS.rounds_current, signed(payload))
+    for agent_id in SITES["s2"]:
+        site.on_message(TOPICS.update(agent_id, 1), encode_message(answer(announcement, agent_id, root.run.run_id,
+                                                                          weights(1.0))))
+    _, out = tick_site(site)
+    assert out
+    # The root restarts (session S1): the site resends once, as designed.
+    again, again_out, metrics = make_engine(tmp_path, clock, **PLAIN_MEAN)
+    vouch(again, "s2", SITES["s2"])
+    status_s1 = signed(again_out.last(TOPICS.coordinator_status))
+    resent = site.on_message(TOPICS.coordinator_status, status_s1)
+    assert len(resent) == 1
+    for topic, partial in resent:
+        again.on_message(topic, partial)
+    # Anyone replays the two genuine signed statuses (S0's was retained once; both are recorded).
+    sends = 0
+    for _ in range(5):
+        for old in (status_s0, status_s1):
+            for topic, partial in site.on_message(TOPICS.coordinator_status, old):
+                sends += 1
+                again.on_message(topic, partial)
+    assert sends == 0, f"replayed old statuses made the site resend its partials {sends} times " \
+                       f"({rejected(metrics, 'duplicate', 'partial')} refused as duplicate at the root)"

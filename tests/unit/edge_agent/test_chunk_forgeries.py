@@ -123,3 +123,19 @@ def test_forged_transfer_starts_do_not_evict_the_genuine_global_state(tmp_path: 
                 agent._on_message(TOPICS.global_state_chunk("f", 2, 99), encode_message(junk), False)
     assert 2 in agent.global_states, f"genuine state never assembled: {dict(agent.rejected)}"
     assert agent.rejected["unsigned"] == 4
+
+
+def test_the_coordinators_older_state_chunks_replayed_do_not_evict_the_newest(tmp_path: Path) -> None:
+    """Signed, and each on its own round's topic, they verify (found in review): every chunk the agent reassembles is
+    the coordinator's, four transfers at most, and they pushed out the state in progress. The oldest round's transfer
+    now makes room first."""
+    agent, _, _ = make_agent(tmp_path)
+    coordinator(agent, B)
+    size = CHUNK_OVERHEAD_BYTES + 512
+    old = {n: signed_chunks(big_state(B, n), size) for n in (1, 2, 3, 4, 5)}  # recorded from the retained topics
+    pieces = signed_chunks(big_state(B, 6), size)
+    for i, piece in enumerate(pieces):
+        agent._on_message(TOPICS.global_state_chunk("f", 6, i), piece, True)
+        for n, chunks in old.items():  # first pieces only: each starts a transfer that never completes
+            agent._on_message(TOPICS.global_state_chunk("f", n, 0), chunks[0], False)
+    assert 6 in agent.global_states, f"round 6's state was evicted by replayed old chunks: {dict(agent.rejected)}"
