@@ -19,7 +19,11 @@ the lower middle value is taken: with two deltas, the larger (perhaps an attacke
 A round that closes with fewer than ``HOLD`` deltas of a family clips them against the lower of its
 own median and the last median that did rest on ``HOLD`` or more: one attacker alone in a round
 would otherwise be clipped against its own norm. That only ever lowers the bound, so it cannot
-ratchet up.
+ratchet up. A family with no such median yet (its first trained rounds, or under FedBuff, whose
+buffers mix families, every buffer with fewer than ``HOLD`` of its deltas) is clipped against the
+round's median *relative* step, each delta's norm over its family's weights' norm across every family,
+times its own weights' norm (``scales``): a lone attacker would otherwise move a small family by any
+amount, up to the float32 limit, where every later round fails.
 """
 
 from __future__ import annotations
@@ -74,14 +78,20 @@ class RunningMedian:
 class RoundNorms:
     """One round's norms per family, and the bound each delta is clipped to. Owned by the engine."""
 
-    def __init__(self, ratio: float, trusted: Mapping[str, float] | None = None) -> None:
-        """``trusted``: per family, the last median that rested on at least ``HOLD`` norms (``carried``)."""
+    def __init__(self, ratio: float, trusted: Mapping[str, float] | None = None,
+                 scales: Mapping[str, float] | None = None) -> None:
+        """``trusted``: per family, the last median that rested on at least ``HOLD`` norms (``carried``);
+        ``scales``: per family, the L2 norm of its weights as the round opened (deltas' relative size)."""
         self.ratio = ratio
         self._medians: dict[str, RunningMedian] = {}
         self.trusted = dict(trusted or {})
+        self.scales = {f: s for f, s in (scales or {}).items() if s > 0 and math.isfinite(s)}
+        self._relative = RunningMedian()  # norm / its family's scale, every family's deltas together
 
     def observe(self, family: str, norm: float) -> None:
         self._medians.setdefault(family, RunningMedian()).add(norm)
+        if family in self.scales and math.isfinite(norm):
+            self._relative.add(norm / self.scales[family])
 
     def ready(self, family: str) -> bool:
         """Whether deltas of ``family`` may be clipped and folded now (enough norms for a median)."""
@@ -95,6 +105,8 @@ class RoundNorms:
         value = median.median()
         if len(median) < HOLD and family in self.trusted:
             value = min(value, self.trusted[family])
+        elif len(median) < HOLD and family in self.scales and len(self._relative) >= HOLD:
+            value = min(value, self._relative.median() * self.scales[family])
         return self.ratio * value
 
     def carried(self) -> dict[str, float]:

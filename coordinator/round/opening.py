@@ -11,6 +11,7 @@ from collections import Counter
 from coordinator.admission.decisions import Reject
 from coordinator.admission.task_agreement import fingerprint_of
 from coordinator.admission.view import median_cap
+from coordinator.aggregation.running_mean import l2_norm
 from coordinator.fleet.agents import AgentRecord
 from coordinator.fleet.selection import plan_selection
 from coordinator.fleet.waiting import not_available
@@ -137,15 +138,17 @@ def begin(parts: EngineParts, run: RunState) -> None:
     and the round's own norm statistics (the gate holds each family's first deltas until its cohort came, within a
     budget of the same size for all families together: ``norm_clip.py``)."""
     assert run.open is not None
-    parts.strategy.begin_round(len(run.open.selected),
-                               memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
-                               spill_dir=parts.settings.state_dir / "spill")
     behind = parts.rosters.site_of  # agents behind site aggregators: their deltas come in their sites' sums
     families = [record.status.family if (record := parts.registry.get(agent_id)) is not None else None
                 for agent_id in run.open.selected if agent_id not in behind]
     cohorts = Counter(family for family in families if family is not None)
-    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried()), cohorts,
-                             hold_bytes=parts.settings.aggregation_memory_mb * 1024**2, others=families.count(None))
+    parts.strategy.begin_round(len(run.open.selected),
+                               memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
+                               spill_dir=parts.settings.state_dir / "spill", voters=cohorts)
+    scales = {family: l2_norm(state.weights) for family, state in parts.strategy.states.items()}
+    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried(), scales),
+                             cohorts, hold_bytes=parts.settings.aggregation_memory_mb * 1024**2,
+                             others=families.count(None))
     run.site_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.site_gate.norms.carried()))
     run.pending_sums = []
     # A status's label histogram counts for no more samples than the agent's updates may (the round's claim cap).

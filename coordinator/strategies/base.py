@@ -15,6 +15,7 @@ from coordinator.aggregation import AggregationError, FailureReason
 from coordinator.aggregation.aggregator import AggregateFn, Aggregator
 from coordinator.aggregation.running_mean import RunningMean
 from coordinator.reasons import RejectReason
+from coordinator.settings import MEDIAN_OF
 from coordinator.strategies.accumulators import FOLD_RULES, RoundFolds, RoundRows
 from coordinator.strategies.bootstrap import agree, proposal_digest
 from protocol.arrays import all_finite, check_layout, layout_of
@@ -116,15 +117,20 @@ class Strategy(ABC):
         """(family, digest) -> the first proposal kept with it: the others alike share its rows."""
         self.weights: dict[str, float] = {}
         """This round's weight multiplier per agent (1 unless a policy or the weighting set one)."""
+        self.voters: dict[str, int] = {}
+        """Per family, its agents this round selected: a first state needs a strict majority of at least
+        ``MEDIAN_OF`` of them (``first_state``)."""
 
     # -- one round's payloads ------------------------------------------------------------
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
-                    spill_dir: Path | None = None) -> None:
+                    spill_dir: Path | None = None, voters: Mapping[str, int] | None = None) -> None:
         """A round of at most ``capacity`` updates opens. Under the plain weighted mean each accepted
         payload is folded in as it arrives; under a robust rule it is copied into row matrices (on
-        disk in ``spill_dir`` past the memory budget)."""
+        disk in ``spill_dir`` past the memory budget). ``voters``: per family, its agents the round
+        selected (``first_state``)."""
         self.end_round()
         self.weights = {}
+        self.voters = dict(voters or {})
         if not self.folds_payloads:
             return
         if not self.aggregator.needs_individual_updates:  # the mean: its running sum is enough
@@ -209,7 +215,9 @@ class Strategy(ABC):
         No rule combines them: the state is the agreed proposal exactly (``bootstrap.py``), so one
         device's weights, however large, never reach it. A minority layout is ``bad_shape`` as before;
         its agents still count among those a majority is of."""
-        voters = len({u.agent_id for u in group})
+        # Of at least the family's selected agents, up to MEDIAN_OF: under FedBuff a buffer mixes families, and one
+        # agent alone among its family's proposals there would be a strict majority of one.
+        voters = max(len({u.agent_id for u in group}), min(self.voters.get(family, 0), MEDIAN_OF))
         dropped: list[Dropped] = []
         for name in self.bootstrap_fields:
             group, left_out = self.majority_layout(group, name)

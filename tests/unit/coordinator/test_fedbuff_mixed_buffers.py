@@ -1,0 +1,93 @@
+"""FedBuff buffers mix families, while a family's norm median and its first state's majority were counted within the
+buffer (found in review): a family's lone delta in a buffer, with no carried median yet, was clipped against its own
+norm (one agent moved it by 1000 where honest deltas are 0.5, or to the float32 limit, after which every buffer it
+entered first failed and took the honest updates in it along); and one agent alone among its family's proposals in
+a buffer chose the family's first state. Now a family without a trusted median is clipped against the buffer's
+median step relative to each family's weights, and a first state needs a strict majority of at least three of the
+family's selected agents (or all of them, if fewer)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from protocol.messages import GlobalState
+from protocol.wire import decode_message
+from tests.unit.coordinator.test_engine import TOPICS, send, update, weights
+from tests.unit.coordinator.test_fedbuff import announced, start
+
+FAMILIES = {"a": "f", "b": "f", "g1": "g", "g2": "g", "m": "g"}
+"""Family f: a, b (c where added); family g: honest g1, g2 and the attacker m."""
+
+
+def of(engine, outbox, agent: str, family: str, version: int, **payload):  # type: ignore[no-untyped-def]
+    """An update of ``agent`` in ``family`` trained from ``version``, with the base the open version announced."""
+    ref = announced(outbox).states.get(family)
+    fields = payload or ({"weights": weights(1.0)} if ref is None else {"delta": weights(0.5)})
+    return update(engine, agent, version, **fields).model_copy(
+        update={"family": family, "base_digest": ref.digest if ref else None})
+
+
+def family_state(outbox, family: str, version: int) -> np.ndarray:  # type: ignore[no-untyped-def]
+    topic = TOPICS.global_state(family, version)
+    return decode_message([p for t, p, _ in outbox.sent if t == topic and p][-1], GlobalState).weights["w"]
+
+
+AGENTS = {"a": "f", "b": "f", "c": "f", **FAMILIES}
+
+
+def _bootstrapped(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """buffer_size 4 (accepted at start-up as enough for a median) and max_norm_ratio 1; both families bootstrap
+    2-of-2 in version 1."""
+    engine, outbox, _, _ = start(tmp_path, AGENTS, buffer_size=4, min_available_agents=6, max_norm_ratio=1.0)
+    for agent, family in (("a", "f"), ("b", "f"), ("g1", "g"), ("g2", "g")):
+        send(engine, of(engine, outbox, agent, family, 1))
+    engine.tick(), engine.tick()
+    assert announced(outbox).round == 2 and "g" in announced(outbox).states
+    return engine, outbox
+
+
+def test_a_lone_delta_of_a_family_in_a_mixed_buffer_is_not_clipped(tmp_path: Path) -> None:
+    engine, outbox = _bootstrapped(tmp_path)
+    before = family_state(outbox, "g", 2)
+    send(engine, of(engine, outbox, "m", "g", 2, delta={"w": np.full((2, 3), 1000.0, np.float32),
+                                                          "b": np.full(3, 1000.0, np.float32)}))
+    for agent in "abc":  # honest f work fills the buffer
+        send(engine, of(engine, outbox, agent, "f", 2))
+    engine.tick(), engine.tick()
+    assert announced(outbox).round == 3
+    moved = float(np.max(np.abs(family_state(outbox, "g", 3) - before)))
+    assert moved <= 10.0, f"one agent moved family g by {moved} (honest deltas are 0.5, max_norm_ratio 1)"
+
+
+def test_the_unclipped_lone_delta_fails_every_buffer_and_discards_honest_work(tmp_path: Path) -> None:
+    """The same hole as a denial of service: m, first into each buffer, pushes g to the float32 limit, then past it;
+    every later buffer fails as non_finite_result and the honest f updates in it are thrown away (and marked applied)."""
+    engine, outbox = _bootstrapped(tmp_path)
+    huge = {"w": np.full((2, 3), -3.4e38, np.float32), "b": np.full(3, -3.4e38, np.float32)}
+    outcomes = []
+    for _ in range(3):
+        version = engine.open.number
+        send(engine, of(engine, outbox, "m", "g", version, delta=huge))
+        for agent in "abc":
+            send(engine, of(engine, outbox, agent, "f", version))
+        engine.tick(), engine.tick()
+        outcomes.append(engine.last_summary.outcome)
+    assert outcomes == ["completed"] * 3, outcomes
+
+
+def test_one_agent_alone_chooses_its_familys_first_state_in_a_mixed_buffer(tmp_path: Path) -> None:
+    """buffer_size 3, families f (a, b) and g (g1, g2 honest, m the attacker). m proposes first, a and b fill the
+    buffer, version 1 closes: 1 of 1 is a 'strict majority' of g's proposals in the buffer, so g's first state is
+    m's weights although g has three agents (the known 2-of-3 gap becomes 1-of-N). g1's and g2's proposals, sent a
+    moment later, are deferred and then refused as stale_base."""
+    engine, outbox, _, _ = start(tmp_path, FAMILIES, buffer_size=3, min_available_agents=5, max_norm_ratio=0)
+    assert sorted(announced(outbox).selected) == sorted(FAMILIES)
+    send(engine, of(engine, outbox, "m", "g", 1, weights=weights(666.0)))
+    send(engine, of(engine, outbox, "a", "f", 1))
+    send(engine, of(engine, outbox, "b", "f", 1))
+    engine.tick(), engine.tick()
+    assert announced(outbox).round == 2
+    assert "g" not in announced(outbox).states or not np.allclose(family_state(outbox, "g", 2), 666.0), \
+        "family g's first state was chosen by one of its three agents alone"
