@@ -225,8 +225,8 @@ mosquitto.resources that is set (not null) replaces the derived one.
 {{- $update := int64 $limits.max_update_bytes -}}
 {{- $chunk := int64 $limits.max_message_bytes -}}
 {{- $statusBytes := 2048 -}}
-{{- $chunkOverhead := 256 -}}
-{{- /* Pieces of one update, and the size of the largest piece (chunks carry 256 bytes of envelope). */ -}}
+{{- $chunkOverhead := 320 -}}
+{{- /* Pieces of one update, and the size of the largest piece (chunks carry up to 320 bytes of envelope and signature: CHUNK_OVERHEAD_BYTES). */ -}}
 {{- $pieces := 1 -}}
 {{- $piece := $update -}}
 {{- if and (gt $chunk 0) (gt $update $chunk) -}}
@@ -251,6 +251,11 @@ mosquitto.resources that is set (not null) replaces the derived one.
 {{- $derivedQueuedBytes := div (add (mul $roundBytes $scale) 99) 100 -}}
 {{- $derivedInflight := max 20 (min $agents 100) -}}
 {{- $derivedPacket := min 268435455 (add $largest (div $largest 4) 65536) -}}
+{{- /* Site bridges carry rosters of up to 1,000 statuses, which the coordinator takes up to 8,802,304 bytes
+(coordinator/admission/intake.py roster_limits): a smaller packet limit cuts the bridge at a site's first roster. */ -}}
+{{- if $m.sites -}}
+{{- $derivedPacket = max $derivedPacket (add 8802304 65536) -}}
+{{- end -}}
 {{- $queuedMessages := ternary $derivedQueuedMessages $m.maxQueuedMessages (kindIs "invalid" $m.maxQueuedMessages) | int64 -}}
 {{- $queuedBytes := ternary $derivedQueuedBytes $m.maxQueuedBytes (kindIs "invalid" $m.maxQueuedBytes) | int64 -}}
 {{- $inflight := ternary $derivedInflight $m.maxInflightMessages (kindIs "invalid" $m.maxInflightMessages) | int64 -}}
@@ -330,6 +335,19 @@ memory: {{ printf "%dMi" $memoryMi | quote }}
 {{- $tls := include "edgefl.coordinatorTls" . | fromYaml -}}
 {{- if and (or $tls.caSecret $tls.certSecret) (not (hasPrefix "mqtts://" (include "edgefl.brokerUrl" .))) (not (hasPrefix "ssl://" (include "edgefl.brokerUrl" .))) -}}
 {{- fail "broker.tls.caSecret and broker.tls.clientCertSecret are only used over TLS: the broker URL must start with mqtts:// (or enable mosquitto.tls)" -}}
+{{- end -}}
+{{- /* A device account named like the coordinator's or a bridge's would log in with that account's ACL grants. */ -}}
+{{- $privileged := list .Values.broker.username -}}
+{{- range $m.sites -}}{{- $privileged = append $privileged (printf "%s-bridge" .id) -}}{{- end -}}
+{{- $seen := list -}}
+{{- range $m.agents -}}
+{{- if has .username $privileged -}}
+{{- fail (printf "mosquitto.agents: %q is the coordinator's or a site bridge's broker username; a device logging in with it would get that account's ACL grants" .username) -}}
+{{- end -}}
+{{- if has .username $seen -}}
+{{- fail (printf "mosquitto.agents: %q is listed twice" .username) -}}
+{{- end -}}
+{{- $seen = append $seen .username -}}
 {{- end -}}
 {{- if .Values.mosquitto.enabled -}}
 {{- $limits := include "edgefl.messageLimits" . | fromYaml -}}

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
+from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES, split_payload
 from tests.chart import FULLNAME, REPO, container, render
 
 BROKER = f"{FULLNAME}-mosquitto"
@@ -62,11 +63,11 @@ def test_two_thousand_agents_with_small_updates() -> None:
 
 
 def test_chunked_updates_count_every_piece() -> None:
-    # 64 MiB in 1 MiB chunks (256 bytes of each are envelope): 65 pieces; 300 s rounds: 22 statuses.
+    # 64 MiB in 1 MiB chunks (up to 320 bytes of each are envelope): 65 pieces; 300 s rounds: 22 statuses.
     values = {"fleet": {"maxAgents": 10, "maxUpdateBytes": 64 * MiB, "maxMessageBytes": MiB, "headroomPercent": 50},
               "coordinator": {"config": {"round_deadline_s": 300}}}
-    pieces = -(-64 * MiB // (MiB - 256))
-    assert pieces == 65
+    pieces = -(-64 * MiB // (MiB - CHUNK_OVERHEAD_BYTES))
+    assert pieces == 65 == len(split_payload(bytes(64 * MiB), MiB))
     per_agent_bytes = pieces * MiB + 22 * 2048
     assert sizing(values) == {
         "max_queued_messages": -(-10 * (pieces + 22) * 150 // 100),
@@ -145,3 +146,32 @@ def test_the_standalone_config_matches_the_chart_defaults() -> None:
     """deploy/mosquitto/mosquitto.conf states the fleet it is sized for: the chart's defaults."""
     standalone = conf_settings((REPO / "deploy" / "mosquitto" / "mosquitto.conf").read_text())
     assert {key: int(standalone[key]) for key in SIZING_KEYS} == sizing({})
+
+
+def test_the_queue_counts_every_piece_the_agents_really_send() -> None:
+    """The chart's envelope room must be the code's: with less, chunked updates come in more pieces than the queue
+    holds, and Mosquitto drops acknowledged QoS 1 pieces (found in review: 256 against 320)."""
+    update, chunk = 4 * MiB, 4096
+    values = {"fleet": {"maxAgents": 10, "maxUpdateBytes": update, "maxMessageBytes": chunk, "statusesPerRound": 1,
+                        "headroomPercent": 0}}
+    pieces = len(split_payload(bytes(update), chunk))
+    assert sizing(values)["max_queued_messages"] == 10 * (pieces + 1)
+
+
+def test_with_site_bridges_the_packet_limit_takes_a_full_site_roster() -> None:
+    """A site sends up to 1,000 statuses in one roster; a packet limit sized from small updates alone cut the bridge
+    at a site's first roster, and its persistent session sent the same packet again on every reconnect (found in
+    review)."""
+    from coordinator.admission.intake import roster_limits
+    from protocol.site_rosters import SiteRoster
+    from protocol.wire import encode_message
+    from tests.unit.coordinator.test_fleet_bounds import status
+
+    values = {"fleet": {"maxAgents": 2000, "maxUpdateBytes": 4096}, "mosquitto": {"sites": [{"id": "farm-1",
+                                                                                               "password": "pw"}]}}
+    packet = sizing(values)["max_packet_size"]
+    assert packet >= roster_limits(10).max_payload_bytes + 1024  # the largest roster the coordinator takes
+    ids = [f"rpi-{i:04d}" for i in range(1000)]
+    roster = SiteRoster(site_id="farm-1", started_at=1.0, seq=1, statuses=[status(a) for a in ids], present=ids)
+    assert len(encode_message(roster)) + 1024 <= packet
+    assert sizing({"fleet": {"maxAgents": 2000, "maxUpdateBytes": 4096}})["max_packet_size"] < packet  # sites only

@@ -432,3 +432,13 @@ def test_a_plugin_tasks_card_is_mounted_and_named_in_the_config(tmp_path: Path) 
     assert load_settings(CoordinatorSettings, tmp_path / "c.yaml").task_card() == card
     default = render({}).get("ConfigMap", FULLNAME)["data"]
     assert "task-card.json" not in default and "task" not in yaml.safe_load(default["coordinator.yaml"])
+
+
+@pytest.mark.parametrize("agent", ["coordinator", "farm-1-bridge"])
+def test_a_device_account_cannot_take_the_coordinators_or_a_bridges_broker_username(agent: str) -> None:
+    """Its login would get that account's ACL grants: rounds/current, global/#, notices, the secure relays, or a
+    site's roster and partials (found in review)."""
+    values = {"mosquitto": {"agents": [{"username": agent, "password": "device-pw"}],
+                            "sites": [{"id": "farm-1", "password": "bridge-pw"}]}}
+    with pytest.raises(Exception, match="broker username; a device logging in with it would get"):
+        render(values)

@@ -181,3 +181,12 @@ def test_the_chart_installs_the_tags_the_build_script_makes() -> None:
     assert f"image: edgefl/edge-agent:{version}" in (DEPLOY / "k3s" / "edge-agent-daemonset.yaml").read_text()
     # the tarballs carry the name a kubelet resolves edgefl/coordinator:<tag> to
     assert '"docker-archive:$out:docker.io/$PREFIX/$name:$VERSION"' in script
+
+
+def test_the_jetson_image_pins_the_torch_it_ships() -> None:
+    """From a third party's index, an unpinned torch is whatever it serves on build day (found in review): the build
+    names the version, and fails without one."""
+    text = (DEPLOY / "edge-agent" / "Dockerfile.jetson").read_text()
+    installs = [line for line in text.splitlines() if "pip install" in line and "torch" in line]
+    assert installs and all('"torch==${TORCH_VERSION}"' in line for line in installs)
+    assert re.search(r'^RUN test -n "\$\{TORCH_VERSION\}" \|\|', text, re.MULTILINE)
