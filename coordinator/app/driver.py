@@ -77,7 +77,7 @@ class EngineDriver:
             actions = self.engine.restore(saved)
         except CheckpointError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ProtocolError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, ArithmeticError, ProtocolError) as exc:
             # A file that decodes but was damaged or edited: stop, naming where, rather than start over or crash bare.
             raise CheckpointError(f"the state in {self.store.directory} (checkpoint, open_round, retained, "
                                   f"freshness) cannot be resumed: {type(exc).__name__}: {exc}; move the damaged "

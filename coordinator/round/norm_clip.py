@@ -21,9 +21,10 @@ own median and the last median that did rest on ``HOLD`` or more: one attacker a
 would otherwise be clipped against its own norm. That only ever lowers the bound, so it cannot
 ratchet up. A family with no such median yet (its first trained rounds, or under FedBuff, whose
 buffers mix families, every buffer with fewer than ``HOLD`` of its deltas) is clipped against the
-round's median *relative* step, each delta's norm over its family's weights' norm across every family,
-times its own weights' norm (``scales``): a lone attacker would otherwise move a small family by any
-amount, up to the float32 limit, where every later round fails.
+round's other families (``fallback``): the larger of their median *relative* step (each delta's norm
+over its family's weights' norm, ``scales``) times its own weights' norm, and their median norm (so a
+family whose weights start at zero, or are small, is not crushed). A lone attacker would otherwise move
+a small family by any amount, up to the float32 limit, where every later round fails.
 """
 
 from __future__ import annotations
@@ -85,13 +86,16 @@ class RoundNorms:
         self.ratio = ratio
         self._medians: dict[str, RunningMedian] = {}
         self.trusted = dict(trusted or {})
-        self.scales = {f: s for f, s in (scales or {}).items() if s > 0 and math.isfinite(s)}
+        self.scales = {f: s for f, s in (scales or {}).items() if s >= 0 and math.isfinite(s)}
         self._relative = RunningMedian()  # norm / its family's scale, every family's deltas together
+        self._absolute = RunningMedian()  # the norms themselves, every family's deltas together (not control deltas)
 
     def observe(self, family: str, norm: float) -> None:
         self._medians.setdefault(family, RunningMedian()).add(norm)
         if family in self.scales and math.isfinite(norm):
-            self._relative.add(norm / self.scales[family])
+            self._absolute.add(norm)
+            if self.scales[family] > 0:
+                self._relative.add(norm / self.scales[family])
 
     def ready(self, family: str) -> bool:
         """Whether deltas of ``family`` may be clipped and folded now (enough norms for a median)."""
@@ -105,9 +109,19 @@ class RoundNorms:
         value = median.median()
         if len(median) < HOLD and family in self.trusted:
             value = min(value, self.trusted[family])
-        elif len(median) < HOLD and family in self.scales and len(self._relative) >= HOLD:
-            value = min(value, self._relative.median() * self.scales[family])
+        elif len(median) < HOLD and (reference := self.fallback(family)) is not None:
+            value = min(value, reference)
         return self.ratio * value
+
+    def fallback(self, family: str) -> float | None:
+        """What the round's deltas of every family say one of ``family``'s may be (before ``ratio``): the larger of
+        their median relative step times its weights' norm and their median norm; None without ``HOLD`` of them."""
+        if family not in self.scales or len(self._absolute) < HOLD:
+            return None
+        reference = self._absolute.median()
+        if self.scales[family] > 0 and len(self._relative) >= HOLD:
+            reference = max(reference, self._relative.median() * self.scales[family])
+        return reference
 
     def carried(self) -> dict[str, float]:
         """What the next round's norms trust: each family's median of this round where it rested on ``HOLD`` or

@@ -228,6 +228,13 @@ def _fold_held(parts: EngineParts, run: RunState, held: HeldSums, site_bound: fl
         limit = mean_norm_limit(run.norm_gate.norms, key)
         if limit is None and site_bound is not None:
             limit = site_bound if field_name == "delta" else run.site_gate.norms.bound(key)
+        if run.norm_gate.norms.ratio > 0 and mean_norm_limit(run.norm_gate.norms, key) is None:
+            # No bound of the root's own for this family (all its agents are behind sites): the root's deltas of
+            # other families still say how far one may move it, or a lone site's mean would bound itself.
+            reference = run.norm_gate.norms.fallback(key)
+            if reference is not None:
+                scaled = run.norm_gate.norms.ratio * reference
+                limit = scaled if limit is None else min(limit, scaled)
         _bound(run, held, field_name, limit)
     folded = parts.strategy.accumulate_sums(held.family, held.means, set(held.members))
     assert folded, "_fold checked that the strategy folds means"

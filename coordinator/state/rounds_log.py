@@ -65,7 +65,7 @@ class RoundsLog:
             for line in _lines_backwards(handle, end):
                 try:
                     return int(json.loads(line)["round"])
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, OverflowError):
                     log.warning("ignored an unreadable line in %s", self.path)
         return None
 

@@ -17,7 +17,7 @@ from coordinator.aggregation.running_mean import RunningMean
 from coordinator.reasons import RejectReason
 from coordinator.settings import MEDIAN_OF
 from coordinator.strategies.accumulators import FOLD_RULES, RoundFolds, RoundRows
-from coordinator.strategies.bootstrap import agree, proposal_digest
+from coordinator.strategies.bootstrap import agree_by_votes, proposal_digest
 from protocol.arrays import all_finite, check_layout, layout_of
 from protocol.compression import half_precision
 from protocol.errors import ProtocolError
@@ -120,6 +120,8 @@ class Strategy(ABC):
         self.voters: dict[str, int] = {}
         """Per family, its agents this round selected: a first state needs a strict majority of at least
         ``MEDIAN_OF`` of them (``first_state``)."""
+        self._votes: dict[str, dict[str, str]] = {}
+        """Per family without a state, each proposing agent's latest proposal digest ("": a minority layout)."""
 
     # -- one round's payloads ------------------------------------------------------------
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
@@ -215,16 +217,22 @@ class Strategy(ABC):
         No rule combines them: the state is the agreed proposal exactly (``bootstrap.py``), so one
         device's weights, however large, never reach it. A minority layout is ``bad_shape`` as before;
         its agents still count among those a majority is of."""
-        # Of at least the family's selected agents, up to MEDIAN_OF: under FedBuff a buffer mixes families, and one
-        # agent alone among its family's proposals there would be a strict majority of one.
-        voters = max(len({u.agent_id for u in group}), min(self.voters.get(family, 0), MEDIAN_OF))
+        proposers = {u.agent_id for u in group}
         dropped: list[Dropped] = []
         for name in self.bootstrap_fields:
             group, left_out = self.majority_layout(group, name)
             dropped += left_out
         digests = self._proposal_digests
-        agreement = agree(family, group, self.bootstrap_fields, voters,
-                          lambda u: digests.get(u.agent_id) or proposal_digest(u, self.bootstrap_fields))
+        # Votes carry over the family's bootstrap rounds until one proposal has its majority, of at least MEDIAN_OF of
+        # its selected agents: under FedBuff a buffer mixes families, so a family's proposals may come one to a
+        # buffer, and one agent alone among them would otherwise be a strict majority of one.
+        votes = self._votes.setdefault(family, {})
+        votes.update(dict.fromkeys(proposers, ""))  # a minority layout still counts among those a majority is of
+        for update in group:
+            votes[update.agent_id] = digests.get(update.agent_id) or proposal_digest(update, self.bootstrap_fields)
+        agreement = agree_by_votes(family, group, votes, min(self.voters.get(family, 0), MEDIAN_OF))
+        if agreement.kept:
+            del self._votes[family]
         return agreement.kept, dropped + [Dropped(*rejected) for rejected in agreement.rejected]
 
     def majority_layout(self, updates: Sequence[Update], payload: str) -> tuple[list[Update], list[Dropped]]:

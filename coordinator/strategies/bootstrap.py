@@ -69,6 +69,33 @@ def agree(family: str, proposals: Sequence[Update], fields: Sequence[str], voter
     return Agreement([], [(u.agent_id, RejectReason.BOOTSTRAP_DISAGREES, detail) for u in by_agent.values()], None)
 
 
+def agree_by_votes(family: str, proposals: Sequence[Update], votes: Mapping[str, str], least: int = 0) -> Agreement:
+    """``proposals`` (this round's) whose digest more than half of the voters chose: ``votes`` maps every agent that
+    proposed for the family so far (this round and earlier ones, until it has a state) to its latest proposal's
+    digest ("": one that cannot be adopted), and there are at least ``least`` voters (the family's selected agents,
+    up to three: one agent alone is no majority). The kept proposals must be this round's: a digest that wins on
+    earlier votes alone is adopted once a proposal with it comes again."""
+    total = max(len(votes), least)
+    counts: dict[str, int] = {}
+    for digest in votes.values():
+        if digest:
+            counts[digest] = counts.get(digest, 0) + 1
+    present = {votes.get(u.agent_id, "") for u in proposals}
+    winners = [d for d, n in counts.items() if 2 * n > total and d in present]
+    if winners:
+        digest = winners[0]
+        kept = sorted((u for u in proposals if votes.get(u.agent_id) == digest), key=lambda u: u.agent_id)
+        rejected = [(u.agent_id, RejectReason.BOOTSTRAP_DISAGREES,
+                     f"its proposal {votes.get(u.agent_id, '')[:12]} for {family} differs from {digest[:12]}, sent by "
+                     f"{counts[digest]} of {total}") for u in proposals if votes.get(u.agent_id) != digest]
+        return Agreement(kept, rejected, digest)
+    tally = ", ".join(f"{d[:12]} x{n}" for d, n in sorted(counts.items(), key=lambda item: -item[1]))
+    detail = (f"no proposal for {family} has a strict majority of {total} yet ({tally}): its votes carry over to its "
+              f"next bootstrap round")
+    log.warning("family %s adopts no first state: %s", family, detail)
+    return Agreement([], [(u.agent_id, RejectReason.BOOTSTRAP_DISAGREES, detail) for u in proposals], None)
+
+
 def owned(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Copies of ``arrays``: a kept proposal may be a view of the round's rows, which close with the round."""
     return {name: np.array(array, copy=True) for name, array in arrays.items()}

@@ -62,10 +62,12 @@ def federated_metrics(updates: Iterable[Update], cap_multiple: float = DEFAULT_C
 
 
 def _bounded(losses: list[float]) -> list[float]:
-    """Each loss at most LOSS_CAP_MULTIPLE times the low median of them."""
-    if not losses:
+    """Each loss at most LOSS_CAP_MULTIPLE times the low median of the positive ones: a zero (one agent's lie, or
+    agents that fit their data) must not cap the others at zero and hide a diverging one."""
+    positive = [loss for loss in losses if loss > 0]
+    if not positive:
         return losses
-    bound = LOSS_CAP_MULTIPLE * statistics.median_low(losses)
+    bound = LOSS_CAP_MULTIPLE * statistics.median_low(positive)
     return [min(loss, bound) for loss in losses]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coordinator.round.norm_clip import RoundNorms
 from protocol.messages import GlobalState
 from protocol.wire import decode_message
 from tests.unit.coordinator.test_engine import TOPICS, send, update, weights
@@ -91,3 +92,90 @@ def test_one_agent_alone_chooses_its_familys_first_state_in_a_mixed_buffer(tmp_p
     assert announced(outbox).round == 2
     assert "g" not in announced(outbox).states or not np.allclose(family_state(outbox, "g", 2), 666.0), \
         "family g's first state was chosen by one of its three agents alone"
+
+
+def test_a_familys_votes_carry_over_buffers_so_honest_fleets_still_bootstrap(tmp_path: Path) -> None:
+    """Three families of three agents, buffer_size 3, every buffer one proposal of each family (they propose at one
+    pace): no buffer holds two of a family's proposals, so with votes counted per buffer no family ever got a first
+    state (found in review of the rule above). Votes now carry over until a proposal has its majority."""
+    fleet = {f"{fam}{i}": fam for fam in "fgh" for i in range(3)}
+    engine, outbox, _, _ = start(tmp_path, fleet, buffer_size=3, min_available_agents=9, max_norm_ratio=1.0,
+                                 max_staleness=3, rounds=12)
+    for i in range(2):
+        version = engine.open.number
+        for fam in "fgh":
+            send(engine, of(engine, outbox, f"{fam}{i}", fam, version, weights=weights(1.0)))
+        engine.tick(), engine.tick()
+    assert set(announced(outbox).states) == {"f", "g", "h"}  # each: 2 of its 3 agents, over two buffers
+    assert all(np.allclose(family_state(outbox, fam, engine.open.number), 1.0) for fam in "fgh")
+
+
+def test_an_attacker_cannot_win_a_carried_over_vote_alone(tmp_path: Path) -> None:
+    engine, outbox, _, _ = start(tmp_path, FAMILIES, buffer_size=3, min_available_agents=5, max_norm_ratio=0)
+    for _ in range(3):  # m proposes in every buffer; the honest g agents stay away
+        version = engine.open.number
+        send(engine, of(engine, outbox, "m", "g", version, weights=weights(666.0), delta={}))
+        send(engine, of(engine, outbox, "a", "f", version))
+        send(engine, of(engine, outbox, "b", "f", version))
+        engine.tick(), engine.tick()
+    assert "g" not in announced(outbox).states
+    version = engine.open.number
+    send(engine, of(engine, outbox, "g1", "g", version, weights=weights(1.0), delta={}))
+    send(engine, of(engine, outbox, "a", "f", version))
+    send(engine, of(engine, outbox, "b", "f", version))
+    engine.tick(), engine.tick()
+    assert "g" not in announced(outbox).states  # one vote each for 1.0 and 666: no majority of three
+    version = engine.open.number
+    send(engine, of(engine, outbox, "g2", "g", version, weights=weights(1.0), delta={}))
+    send(engine, of(engine, outbox, "a", "f", version))
+    send(engine, of(engine, outbox, "b", "f", version))
+    engine.tick(), engine.tick()
+    assert np.allclose(family_state(outbox, "g", engine.open.number), 1.0)  # g1 and g2: 2 of 3
+
+
+def _bootstrapped_at(tmp_path: Path, g_init: float, f_init: float = 1.0):  # type: ignore[no-untyped-def]
+    """As test_fedbuff_mixed_buffers._bootstrapped, but family g's agreed first weights are ``g_init`` everywhere."""
+    engine, outbox, _, _ = start(tmp_path, AGENTS, buffer_size=4, min_available_agents=6, max_norm_ratio=1.0)
+    for agent, family, value in (("a", "f", f_init), ("b", "f", f_init), ("g1", "g", g_init), ("g2", "g", g_init)):
+        send(engine, of(engine, outbox, agent, family, 1, weights=weights(value)))
+    engine.tick(), engine.tick()
+    assert announced(outbox).round == 2 and "g" in announced(outbox).states
+    return engine, outbox
+
+
+def test_a_family_whose_first_weights_are_zero_is_not_bounded(tmp_path: Path) -> None:
+    """A zero-initialised family (a linear model, a zero-init head) has no relative step to scale: its lone delta was
+    not clipped at all (found in review). The other families' median norm bounds it."""
+    engine, outbox = _bootstrapped_at(tmp_path, g_init=0.0)
+    before = family_state(outbox, "g", 2)
+    send(engine, of(engine, outbox, "m", "g", 2, delta={"w": np.full((2, 3), 1000.0, np.float32),
+                                                          "b": np.full(3, 1000.0, np.float32)}))
+    for agent in "abc":
+        send(engine, of(engine, outbox, agent, "f", 2))
+    engine.tick(), engine.tick()
+    assert announced(outbox).round == 3
+    moved = float(np.max(np.abs(family_state(outbox, "g", 3) - before)))
+    assert moved <= 10.0, f"one agent moved zero-initialised family g by {moved} (honest deltas are 0.5)"
+
+
+def test_an_honest_lone_delta_of_a_small_scale_family_is_not_crushed(tmp_path: Path) -> None:
+    """Family g starts from small weights (0.01 everywhere) and its honest agent steps 0.5, as f's do from 1.0: the
+    relative bound alone clipped the step to 1% of it (found in review); the other families' median norm keeps it."""
+    engine, outbox = _bootstrapped_at(tmp_path, g_init=0.01)
+    before = family_state(outbox, "g", 2)
+    send(engine, of(engine, outbox, "g1", "g", 2))  # honest: delta 0.5 everywhere
+    for agent in "abc":
+        send(engine, of(engine, outbox, agent, "f", 2))
+    engine.tick(), engine.tick()
+    assert announced(outbox).round == 3
+    moved = float(np.max(np.abs(family_state(outbox, "g", 3) - before)))
+    assert moved >= 0.5 / 10, f"family g's honest step 0.5 was clipped to {moved:.4g}"
+
+
+def test_a_zero_scale_is_bounded_by_the_other_families_median_norm() -> None:
+    """The same at unit level."""
+    norms = RoundNorms(1.0, scales={"f": 3.0, "g": 0.0})
+    for _ in range(3):
+        norms.observe("f", 1.5)
+    norms.observe("g", 1e30)
+    assert norms.bound("g") is not None and norms.bound("g") <= 10.0, norms.bound("g")

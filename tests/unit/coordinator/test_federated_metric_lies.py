@@ -10,6 +10,8 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from coordinator.state.rounds_log import RoundsLog
 from coordinator.telemetry.evaluation import federated_metrics
 from protocol.messages import TrainMetrics, Update
@@ -107,3 +109,17 @@ def test_engine_round_accuracy_two_agents(tmp_path: Path) -> None:
     acc = metrics.registry.get_sample_value("fl_federated_accuracy_ratio", {"family": "all"})
     assert engine.last_summary.accuracy >= 0.45 - 1e-9, engine.last_summary.accuracy
     assert acc >= 0.45 - 1e-9
+
+
+def _reported(agent: str, loss: float) -> Update:
+    return Update.model_construct(agent_id=agent, family="f", num_samples=50, metrics=TrainMetrics(
+        eval_loss=loss, eval_accuracy=0.9, num_eval_samples=50, train_loss=loss))
+
+
+def test_a_loss_of_zero_caps_no_other_agents_loss() -> None:
+    """The loss cap rested on the low median: of two agents a liar's 0.0 capped the honest 5.0 at 0, and two agents
+    that fit their splits exactly hid a third that diverged (found in review). It rests on the positive losses."""
+    two = federated_metrics([_reported("honest", 5.0), _reported("liar", 0.0)])
+    assert two.loss == pytest.approx(2.5) and two.train_loss == pytest.approx(2.5)
+    three = federated_metrics([_reported("a", 0.0), _reported("b", 0.0), _reported("c", 3.0)])
+    assert three.loss == pytest.approx(1.0)

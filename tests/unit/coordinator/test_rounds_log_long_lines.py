@@ -43,3 +43,11 @@ def test_a_torn_long_line_is_cut_whole(tmp_path: Path) -> None:
         except ValueError:
             rounds.append("unreadable")
     assert rounds == [1, 2]  # fails: the torn remnant is left, and round 2's line is glued onto it
+
+
+def test_a_damaged_round_number_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """A line whose round is 1e999 (``json.loads`` gives inf) made ``int`` raise OverflowError, which the repair did not
+    catch: start-up died with a bare traceback (found in review)."""
+    path = tmp_path / "rounds.jsonl"
+    path.write_bytes(json.dumps({"round": 4}).encode() + b"\n" + b'{"round": 1e999}\n')
+    assert RoundsLog(path)._repair_tail() == 4
