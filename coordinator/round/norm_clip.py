@@ -21,10 +21,14 @@ own median and the last median that did rest on ``HOLD`` or more: one attacker a
 would otherwise be clipped against its own norm. That only ever lowers the bound, so it cannot
 ratchet up. A family with no such median yet (its first trained rounds, or under FedBuff, whose
 buffers mix families, every buffer with fewer than ``HOLD`` of its deltas) is clipped against the
-round's other families (``fallback``): the larger of their median *relative* step (each delta's norm
-over its family's weights' norm, ``scales``) times its own weights' norm, and their median norm (so a
-family whose weights start at zero, or are small, is not crushed). A lone attacker would otherwise move
-a small family by any amount, up to the float32 limit, where every later round fails.
+round's other families (``fallback``): their median *relative* step (each delta's norm over its family's
+weights' norm, ``scales``) times its own weights' norm, scale-free across model sizes; for weights that
+are all zero (nothing to be relative to), their median step per parameter (norm over the square root of
+its parameter count, ``sizes``) times its own count's root. SCAFFOLD's control deltas likewise, against
+the other families' control deltas and each family's server variate. A lone attacker would otherwise
+move a small family by any amount, up to the float32 limit, where every later round fails. The price: an
+honest family whose weights start far smaller than its steps (relative to the others') is held back in
+its first rounds, until a round with ``HOLD`` of its deltas gives it a median of its own.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from coordinator.aggregation.running_mean import l2_norm
 from coordinator.settings import MEDIAN_OF
 from protocol.messages import Update
 
@@ -80,22 +85,28 @@ class RoundNorms:
     """One round's norms per family, and the bound each delta is clipped to. Owned by the engine."""
 
     def __init__(self, ratio: float, trusted: Mapping[str, float] | None = None,
-                 scales: Mapping[str, float] | None = None) -> None:
-        """``trusted``: per family, the last median that rested on at least ``HOLD`` norms (``carried``);
-        ``scales``: per family, the L2 norm of its weights as the round opened (deltas' relative size)."""
+                 scales: Mapping[str, float] | None = None, sizes: Mapping[str, int] | None = None) -> None:
+        """``trusted``: per key (a family, or ``control_key`` of one), the last median that rested on at least ``HOLD``
+        norms (``carried``); ``scales``: per key, the L2 norm of the family's weights (of its server control variate)
+        as the round opened; ``sizes``: per key, how many floating values those have."""
         self.ratio = ratio
         self._medians: dict[str, RunningMedian] = {}
         self.trusted = dict(trusted or {})
-        self.scales = {f: s for f, s in (scales or {}).items() if s >= 0 and math.isfinite(s)}
-        self._relative = RunningMedian()  # norm / its family's scale, every family's deltas together
-        self._absolute = RunningMedian()  # the norms themselves, every family's deltas together (not control deltas)
+        self.scales = {k: s for k, s in (scales or {}).items() if s >= 0 and math.isfinite(s)}
+        self.sizes = {k: n for k, n in (sizes or {}).items() if n > 0}
+        # Per kind (deltas, control deltas), every family's together: norm / its scale, and norm / sqrt(its size).
+        self._relative = {kind: RunningMedian() for kind in ("delta", "control")}
+        self._per_value = {kind: RunningMedian() for kind in ("delta", "control")}
 
     def observe(self, family: str, norm: float) -> None:
         self._medians.setdefault(family, RunningMedian()).add(norm)
-        if family in self.scales and math.isfinite(norm):
-            self._absolute.add(norm)
-            if self.scales[family] > 0:
-                self._relative.add(norm / self.scales[family])
+        if not math.isfinite(norm):
+            return
+        kind = _kind(family)
+        if self.scales.get(family, 0.0) > 0:
+            self._relative[kind].add(norm / self.scales[family])
+        if family in self.sizes:
+            self._per_value[kind].add(norm / math.sqrt(self.sizes[family]))
 
     def ready(self, family: str) -> bool:
         """Whether deltas of ``family`` may be clipped and folded now (enough norms for a median)."""
@@ -114,14 +125,17 @@ class RoundNorms:
         return self.ratio * value
 
     def fallback(self, family: str) -> float | None:
-        """What the round's deltas of every family say one of ``family``'s may be (before ``ratio``): the larger of
-        their median relative step times its weights' norm and their median norm; None without ``HOLD`` of them."""
-        if family not in self.scales or len(self._absolute) < HOLD:
+        """What the round's deltas of every family (of its kind) say one of ``family``'s may be, before ``ratio``:
+        their median relative step times its scale, or where its scale is 0 their median step per value times the
+        root of its size; None without ``HOLD`` of them (or nothing known of the family)."""
+        kind, scale = _kind(family), self.scales.get(family)
+        if scale is not None and scale > 0:
+            relative = self._relative[kind]
+            return relative.median() * scale if len(relative) >= HOLD else None
+        per_value = self._per_value[kind]
+        if scale is None or family not in self.sizes or len(per_value) < HOLD:
             return None
-        reference = self._absolute.median()
-        if self.scales[family] > 0 and len(self._relative) >= HOLD:
-            reference = max(reference, self._relative.median() * self.scales[family])
-        return reference
+        return per_value.median() * math.sqrt(self.sizes[family])
 
     def carried(self) -> dict[str, float]:
         """What the next round's norms trust: each family's median of this round where it rested on ``HOLD`` or
@@ -130,10 +144,30 @@ class RoundNorms:
                                    if len(median) >= HOLD}}
 
 
+def _kind(key: str) -> str:
+    return "control" if key.endswith(CONTROL_SUFFIX) else "delta"
+
+
+CONTROL_SUFFIX = "/control"
+
+
 def control_key(family: str) -> str:
     """The norms' key for a family's SCAFFOLD control deltas: the server's variate moves by their mean, so one
     device's must not be unbounded (it would steer every agent's correction)."""
-    return f"{family}/control"
+    return f"{family}{CONTROL_SUFFIX}"
+
+
+def norm_scales(weights: Mapping[str, Mapping[str, np.ndarray]], controls: Mapping[str, Mapping[str, np.ndarray]]
+                ) -> tuple[dict[str, float], dict[str, int]]:
+    """Per family (and ``control_key`` of one with a server control variate): the L2 norm and the number of floating
+    values of its weights (its variate), what a lone delta is measured against (``RoundNorms.fallback``)."""
+    scales: dict[str, float] = {}
+    sizes: dict[str, int] = {}
+    for key, arrays in [*weights.items(), *((control_key(f), c) for f, c in controls.items())]:
+        if arrays:
+            scales[key] = l2_norm(arrays)
+            sizes[key] = sum(a.size for a in arrays.values() if a.dtype.kind == "f")
+    return scales, sizes
 
 
 def held_size(update: Update) -> int:

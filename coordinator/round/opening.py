@@ -11,7 +11,6 @@ from collections import Counter
 from coordinator.admission.decisions import Reject
 from coordinator.admission.task_agreement import fingerprint_of
 from coordinator.admission.view import median_cap
-from coordinator.aggregation.running_mean import l2_norm
 from coordinator.fleet.agents import AgentRecord
 from coordinator.fleet.selection import plan_selection
 from coordinator.fleet.waiting import not_available
@@ -19,7 +18,7 @@ from coordinator.reasons import RejectReason
 from coordinator.round.actions import Save
 from coordinator.round.applying import admission_view
 from coordinator.round.broadcast import publish_states, publish_status
-from coordinator.round.norm_clip import NormGate, RoundNorms
+from coordinator.round.norm_clip import NormGate, RoundNorms, norm_scales
 from coordinator.round.notifying import notify
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
@@ -142,11 +141,16 @@ def begin(parts: EngineParts, run: RunState) -> None:
     families = [record.status.family if (record := parts.registry.get(agent_id)) is not None else None
                 for agent_id in run.open.selected if agent_id not in behind]
     cohorts = Counter(family for family in families if family is not None)
+    selected: dict[str, set[str]] = {}  # every selected agent by family, behind sites too: who votes on a first state
+    for agent_id in run.open.selected:
+        if (record := parts.registry.get(agent_id)) is not None:
+            selected.setdefault(record.status.family, set()).add(agent_id)
     parts.strategy.begin_round(len(run.open.selected),
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
-                               spill_dir=parts.settings.state_dir / "spill", voters=cohorts)
-    scales = {family: l2_norm(state.weights) for family, state in parts.strategy.states.items()}
-    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried(), scales),
+                               spill_dir=parts.settings.state_dir / "spill", voters=selected)
+    scales, sizes = norm_scales({f: st.weights for f, st in parts.strategy.states.items()},
+                                {f: st.control for f, st in parts.strategy.states.items()})
+    run.norm_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.norm_gate.norms.carried(), scales, sizes),
                              cohorts, hold_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                              others=families.count(None))
     run.site_gate = NormGate(RoundNorms(parts.settings.max_norm_ratio, run.site_gate.norms.carried()))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -117,22 +117,22 @@ class Strategy(ABC):
         """(family, digest) -> the first proposal kept with it: the others alike share its rows."""
         self.weights: dict[str, float] = {}
         """This round's weight multiplier per agent (1 unless a policy or the weighting set one)."""
-        self.voters: dict[str, int] = {}
+        self.voters: dict[str, set[str]] = {}
         """Per family, its agents this round selected: a first state needs a strict majority of at least
-        ``MEDIAN_OF`` of them (``first_state``)."""
+        ``MEDIAN_OF`` of them (``first_state``), and a vote carried over counts while its agent is among them."""
         self._votes: dict[str, dict[str, str]] = {}
         """Per family without a state, each proposing agent's latest proposal digest ("": a minority layout)."""
 
     # -- one round's payloads ------------------------------------------------------------
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
-                    spill_dir: Path | None = None, voters: Mapping[str, int] | None = None) -> None:
+                    spill_dir: Path | None = None, voters: Mapping[str, Collection[str]] | None = None) -> None:
         """A round of at most ``capacity`` updates opens. Under the plain weighted mean each accepted
         payload is folded in as it arrives; under a robust rule it is copied into row matrices (on
         disk in ``spill_dir`` past the memory budget). ``voters``: per family, its agents the round
         selected (``first_state``)."""
         self.end_round()
         self.weights = {}
-        self.voters = dict(voters or {})
+        self.voters = {family: set(agents) for family, agents in (voters or {}).items()}
         if not self.folds_payloads:
             return
         if not self.aggregator.needs_individual_updates:  # the mean: its running sum is enough
@@ -227,10 +227,13 @@ class Strategy(ABC):
         # its selected agents: under FedBuff a buffer mixes families, so a family's proposals may come one to a
         # buffer, and one agent alone among them would otherwise be a strict majority of one.
         votes = self._votes.setdefault(family, {})
+        selected = self.voters.get(family, set())
+        for agent in [a for a in votes if a not in selected]:  # left the family, went away or was not selected again:
+            del votes[agent]  # its old vote must not hold a majority back
         votes.update(dict.fromkeys(proposers, ""))  # a minority layout still counts among those a majority is of
         for update in group:
             votes[update.agent_id] = digests.get(update.agent_id) or proposal_digest(update, self.bootstrap_fields)
-        agreement = agree_by_votes(family, group, votes, min(self.voters.get(family, 0), MEDIAN_OF))
+        agreement = agree_by_votes(family, group, votes, min(len(selected), MEDIAN_OF))
         if agreement.kept:
             del self._votes[family]
         return agreement.kept, dropped + [Dropped(*rejected) for rejected in agreement.rejected]

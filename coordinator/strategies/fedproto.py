@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +179,7 @@ class FedProto(Strategy):
         return prototypes_problem(update, self.prototypes.shape if self.prototypes is not None else None)
 
     def begin_round(self, capacity: int, *, memory_budget_bytes: int = 512 * 1024**2,
-                    spill_dir: Path | None = None, voters: Mapping[str, int] | None = None) -> None:
+                    spill_dir: Path | None = None, voters: Mapping[str, Collection[str]] | None = None) -> None:
         super().begin_round(capacity, memory_budget_bytes=memory_budget_bytes, spill_dir=spill_dir, voters=voters)
         self.secure_sums = {}
         self.site_sums = []
