@@ -42,6 +42,17 @@ CASES: dict[str, tuple[str, Callable[[dict[str, Any]], object], str]] = {
                                   "not laid out as the task pinned"),
     "a median claim of words": ("open_round", lambda d: d.update(median_claim="lots"), "median_claim"),
     "an epoch of words": ("freshness", lambda d: d.update(epoch="soon"), "soon"),
+    # Found in review: these failed with a bare KeyError, TypeError or ProtocolError naming no file; now the state
+    # directory is named (the message's start: "the state in <state dir> ... cannot be resumed").
+    "strategy without families": ("checkpoint", lambda d: d.update(strategy={}), "cannot be resumed"),
+    "a family state without its round": ("checkpoint", lambda d: d["strategy"]["families"]["f"].pop("round"),
+                                         "cannot be resumed"),
+    "open round without run_id": ("open_round", lambda d: d.pop("run_id"), "cannot be resumed"),
+    "open round announcement of junk": ("open_round", lambda d: d.update(announcement=b"\xc1junk"),
+                                        "cannot be resumed"),
+    "freshness mark of words": ("freshness", lambda d: d.update(agents={"a": ["x", "y", "z", "w"]}),
+                                "cannot be resumed"),
+    "freshness agents not a map": ("freshness", lambda d: d.update(agents=[1, 2]), "cannot be resumed"),
 }
 
 
