@@ -138,13 +138,14 @@ def begin(parts: EngineParts, run: RunState) -> None:
     budget of the same size for all families together: ``norm_clip.py``)."""
     assert run.open is not None
     behind = parts.rosters.site_of  # agents behind site aggregators: their deltas come in their sites' sums
-    families = [record.status.family if (record := parts.registry.get(agent_id)) is not None else None
-                for agent_id in run.open.selected if agent_id not in behind]
+    family_of = {agent_id: record.status.family if (record := parts.registry.get(agent_id)) is not None else None
+                 for agent_id in run.open.selected}
+    families = [family for agent_id, family in family_of.items() if agent_id not in behind]
     cohorts = Counter(family for family in families if family is not None)
     selected: dict[str, set[str]] = {}  # every selected agent by family, behind sites too: who votes on a first state
-    for agent_id in run.open.selected:
-        if (record := parts.registry.get(agent_id)) is not None:
-            selected.setdefault(record.status.family, set()).add(agent_id)
+    for agent_id, family in family_of.items():
+        if family is not None:
+            selected.setdefault(family, set()).add(agent_id)
     parts.strategy.begin_round(len(run.open.selected),
                                memory_budget_bytes=parts.settings.aggregation_memory_mb * 1024**2,
                                spill_dir=parts.settings.state_dir / "spill", voters=selected)

@@ -102,11 +102,11 @@ class SiteEngine:
         self.book = RosterBook(settings.site_id, settings.roster_interval_s, wall_clock())
         """What the root was told of the site's agents (their statuses do not cross the bridge: ``roster.py``)."""
         self.sent: list[int] = []
+        """Rounds whose partials this process published (for tests and logs)."""
         self.last_partials = LastPartials()
         """Sent again to a new root session that has their round open (``resend.py``)."""
         self.root_session: str | None = None
         """The root's session, from its signed status (what agents resend their update on, too)."""
-        """Rounds whose partials this process published (for tests and logs)."""
 
     # -- events -----------------------------------------------------------------------------
     def on_message(self, topic: str, payload: bytes) -> Outgoing:

@@ -3,16 +3,18 @@
 Agents of one task build a family's model from the announced ``init_seed`` and, in its bootstrap
 round, send those initial weights untrained: honest proposals are byte-identical, so they agree by
 digest (names, dtypes, shapes and bytes, as ``protocol.digest`` hashes them). The proposal sent by
-more than half of the family's proposing agents (one vote per agent, whatever it claims to hold)
-becomes the state as sent; the others are counted as ``bootstrap_disagrees``. Without a strict
-majority nothing is adopted: the family stays without state, its next round bootstraps again, and
-every proposal is counted with the tally that failed, so no single device, nor a tie, chooses it.
+more than half of the family's voters (one vote per agent, whatever it claims to hold; at least three of
+its selected agents, or all if fewer; votes carried over its bootstrap rounds while their agents stay
+selected: ``Strategy.first_state``) becomes the state as sent; the others are counted as
+``bootstrap_disagrees``. Without a strict majority nothing is adopted: the family stays without state,
+its next round bootstraps again, and every proposal is counted with the tally so far, so no single
+device, nor a tie, chooses it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,36 +39,6 @@ class Agreement:
 def proposal_digest(update: Update, fields: Sequence[str]) -> str:
     """The digest of ``update``'s bootstrap payload: each field in ``fields``, as it travels."""
     return digest_arrays([(name, getattr(update, name)) for name in fields])
-
-
-def agree(family: str, proposals: Sequence[Update], fields: Sequence[str], voters: int | None = None,
-          digest_of: Callable[[Update], str] | None = None) -> Agreement:
-    """The proposals whose digest more than half of ``voters`` agents sent (default: one per proposal).
-
-    ``voters`` lets a caller that already dropped some proposals (a minority layout) keep counting
-    them: a majority is of everyone who proposed, never of what is left. ``digest_of`` gives a
-    proposal's digest where the caller took it already (default: ``proposal_digest``).
-    """
-    digest_of = digest_of or (lambda update: proposal_digest(update, fields))
-    by_agent: dict[str, Update] = {}
-    for update in proposals:  # one vote per agent: admission keeps one update per agent already
-        by_agent.setdefault(update.agent_id, update)
-    total = max(voters or 0, len(by_agent))
-    groups: dict[str, list[Update]] = {}
-    for update in by_agent.values():
-        groups.setdefault(digest_of(update), []).append(update)
-    if not groups:
-        return Agreement([], [], None)
-    digest, best = max(groups.items(), key=lambda item: (len(item[1]), item[0]))  # ties: no majority anyway
-    if 2 * len(best) > total:
-        rejected = [(u.agent_id, RejectReason.BOOTSTRAP_DISAGREES,
-                     f"its proposal {d[:12]} for {family} differs from {digest[:12]}, sent by {len(best)} of {total}")
-                    for d, group in groups.items() if d != digest for u in group]
-        return Agreement(sorted(best, key=lambda u: u.agent_id), rejected, digest)
-    tally = ", ".join(f"{d[:12]} x{len(g)}" for d, g in sorted(groups.items(), key=lambda item: -len(item[1])))
-    detail = f"no proposal for {family} has a strict majority of {total} ({tally}): it bootstraps again"
-    log.warning("family %s adopts no first state: %s", family, detail)
-    return Agreement([], [(u.agent_id, RejectReason.BOOTSTRAP_DISAGREES, detail) for u in by_agent.values()], None)
 
 
 def agree_by_votes(family: str, proposals: Sequence[Update], votes: Mapping[str, str], least: int = 0) -> Agreement:
