@@ -144,11 +144,12 @@ class RoundNorms:
                                    if len(median) >= HOLD}}
 
 
-def _kind(key: str) -> str:
-    return "control" if key.endswith(CONTROL_SUFFIX) else "delta"
-
-
 CONTROL_SUFFIX = "/control"
+
+
+def _kind(key: str) -> str:
+    """Which of RoundNorms' cross-family medians a key's norms go to: deltas', or SCAFFOLD control deltas'."""
+    return "control" if key.endswith(CONTROL_SUFFIX) else "delta"
 
 
 def control_key(family: str) -> str:
