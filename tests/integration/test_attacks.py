@@ -1,10 +1,11 @@
 """An attacker against a live federation, on an open broker and on a secured one.
 
 Open broker (no ACL, no passwords, the quick start's setting): one MQTT client that anyone
-could run plants forged retained messages before the fleet starts (a "finished" coordinator
-status, a hostile round announcement, global states with huge round numbers; each unsigned
-and signed with its own key), floods the coordinator with the statuses of 2,000 made-up
-agents, and sends forged updates in a real agent's name (weight 10^9, values 1e30). Enrolled
+could run plants forged retained messages before the fleet starts and again before its agents
+do (a "finished" coordinator status, a hostile round announcement, global states with huge
+round numbers; each unsigned and signed with its own key), floods the coordinator with the
+statuses of 2,000 made-up agents, and sends forged updates in a real agent's name (weight
+10^9, values 1e30). Enrolled
 agents act only on what the coordinator's key signed and the coordinator only on what an
 enrolled agent's key signed, so each forgery is dropped and counted with its reason.
 
@@ -198,6 +199,13 @@ def forge_updates(attacker: Attacker, announcement: RoundAnnouncement) -> None:
         attacker.both(TOPICS.update(agent_id, announcement.round), update)
 
 
+def coordinator_statuses(recorder: WireRecorder) -> int:
+    """How many of the coordinator's own statuses (not the forged run's) are on the wire so far."""
+    statuses = [decode_wire(m.payload, CoordinatorStatus) for m in recorder.snapshot(
+        lambda s: s.topic == TOPICS.coordinator_status and bool(s.payload))]
+    return sum(1 for status in statuses if status.run_id != "forged")
+
+
 def dropped(recorder: WireRecorder, agent_id: str) -> int:
     """The most messages ``agent_id``'s statuses on the wire say it dropped (-1 before any status)."""
     statuses = [decode_wire(m.payload, AgentStatus) for m in recorder.snapshot(
@@ -219,10 +227,17 @@ def test_forgeries_are_dropped_counted_and_change_nothing(tmp_path: Path, settin
         }, federation=FEDERATION)
         reader = setting.tls.get("wire-reader")
         try:
-            with WireRecorder(setting.url, "fl/#", client_id="wire-reader", tls_files=reader) as recorder, fleet:
+            with WireRecorder(setting.url, "fl/#", client_id="wire-reader", tls_files=reader) as recorder:
+                fleet.start_coordinator()
+                # Its first status replaced the forged one; plant again, over it, before any agent starts: what
+                # each agent then finds retained (the status, announcement and state of its family) it must drop.
+                # A run of a few small rounds may end before live forgeries reach an agent: these cannot race.
+                wait_until(lambda: coordinator_statuses(recorder) > 0, 120, "the coordinator's first status")
+                plant_forgeries(attacker)
+                fleet.start_agents()
                 # Statuses and updates are not retained: send them once the coordinator listens (it has announced).
                 wait_until(lambda: announced(recorder) is not None, 120, "the coordinator's first announcement")
-                plant_forgeries(attacker)  # again, now that every agent listens
+                plant_forgeries(attacker)  # and live, while the run goes on
                 flood_statuses(attacker, flood)
                 forge_updates(attacker, announced(recorder))  # type: ignore[arg-type]
                 rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)
@@ -239,6 +254,7 @@ def test_forgeries_are_dropped_counted_and_change_nothing(tmp_path: Path, settin
                     wait_until(lambda: all(dropped(recorder, a.name) >= 3 for a in AGENTS), 60,
                                "each agent's last status, with the forgeries it dropped")
         finally:
+            fleet.stop()
             attacker.close()
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
     assert_all_completed(rounds, ROUNDS + 1)
