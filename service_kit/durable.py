@@ -20,7 +20,33 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_directory(path.parent)
+
+
+def create_exclusive_bytes(path: Path, data: bytes, mode: int = 0o600) -> bool:
+    """Create ``path`` holding ``data`` unless it exists; whether this call created it. The file appears whole
+    (written aside, then hard-linked into place, which fails if the name is taken), so of two processes
+    creating the same file at once exactly one wins and the other reads the winner's."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp_name, path)
+        except FileExistsError:
+            return False
+    finally:
+        Path(tmp_name).unlink(missing_ok=True)
+    _fsync_directory(path.parent)
+    return True
+
+
+def _fsync_directory(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

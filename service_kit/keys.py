@@ -5,18 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocol.security.signing import SigningKey
-from service_kit.durable import atomic_write_bytes
-
-
-def save_signing_key(key: SigningKey, path: Path) -> None:
-    atomic_write_bytes(path, key.to_pem())
-    path.chmod(0o600)
+from service_kit.durable import create_exclusive_bytes
 
 
 def load_or_create_signing_key(path: Path) -> SigningKey:
-    """The key in ``path``; a new one written there (mode 0600) if the file does not exist."""
+    """The key in ``path``; a new one written there (mode 0600) if the file does not exist. Two processes
+    creating it at once (a coordinator starting while ``coordinator enroll`` runs) end up with the same key:
+    the first to create the file wins, the other loads it."""
     if path.exists():
         return SigningKey.load(path)
     key = SigningKey.generate()
-    save_signing_key(key, path)
-    return key
+    if create_exclusive_bytes(path, key.to_pem()):
+        return key
+    return SigningKey.load(path)

@@ -18,12 +18,22 @@ class StateDirInUse(ValueError):
     """Another process (or another open claim) holds this state directory."""
 
 
+class StateDirUnusable(ValueError):
+    """The state directory cannot be created or written (permissions, a read-only volume)."""
+
+
 class StateDirClaim:
     def __init__(self, root: Path, holder: str = "agent",
                  why: str = "two agents sharing one would overwrite each other's privacy budget and state") -> None:
-        root.mkdir(parents=True, exist_ok=True)
         path = root / LOCK_FILE
-        self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self._fd: int | None = None
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # a bare PermissionError would name only the lock file, not what to fix
+            raise StateDirUnusable(f"state_dir {root} cannot be written ({exc.strerror or exc}: {path}); the {holder} "
+                                   f"keeps its state there: give it a directory it can write (in Kubernetes, a "
+                                   f"writable volume owned by the pod's user)") from None
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -36,3 +46,6 @@ class StateDirClaim:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+    def __del__(self) -> None:  # a claim dropped unreleased (a service built but never run) lets go with it
+        self.release()

@@ -34,10 +34,15 @@ def _root(version: bool = version_option("coordinator")) -> None:
 def _serve(log_level: str, service: Callable[[], Any]) -> int:
     """Log at ``log_level`` and run the service ``service()`` builds until SIGTERM or SIGINT (or it ends)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        built = service()
+    except ValueError as exc:  # a state directory another process holds or none can write, alike
+        typer.echo(f"error: cannot start: {exc}", err=True)
+        return 2
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    return int(service().run(stop))
+    return int(built.run(stop))
 
 
 def run(settings: CoordinatorSettings) -> int:

@@ -41,6 +41,17 @@ WAKE = ("wake", None, None)
 class CoordinatorService:
     def __init__(self, settings: CoordinatorSettings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
+        # Claimed before anything in it is read or written, the signing key included: a second coordinator on the
+        # directory stops here. Held until ``run`` ends (a service runs once).
+        self._claim = StateDirClaim(Path(settings.state_dir), "coordinator",
+                                    "two coordinators on one would overwrite each other's checkpoint and rounds log")
+        try:
+            self._build(settings, registry)
+        except BaseException:
+            self._claim.release()
+            raise
+
+    def _build(self, settings: CoordinatorSettings, registry: CollectorRegistry | None) -> None:
         self.rounds_log = RoundsLog(Path(settings.state_dir) / "rounds.jsonl")
         self.metrics = CoordinatorMetrics(registry)
         # One thread aggregates and checkpoints while the loop keeps serving messages and health checks.
@@ -70,12 +81,10 @@ class CoordinatorService:
         self._link.publish(topic, payload, qos=1, retain=retain)
 
     def run(self, stop: threading.Event) -> int:
-        claim = StateDirClaim(Path(self.settings.state_dir), "coordinator",
-                              "two coordinators on one would overwrite each other's checkpoint and rounds log")
         try:
             return self._run(stop)
         finally:
-            claim.release()
+            self._claim.release()
 
     def _run(self, stop: threading.Event) -> int:
         self.driver.restore()
