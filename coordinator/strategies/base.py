@@ -284,16 +284,29 @@ class Strategy(ABC):
         """
 
     def state_dict(self) -> dict[str, Any]:
-        return {"families": {f: s.to_dict() for f, s in self.states.items()}}
+        # Bootstrap votes too: a restart must not start a family's vote over (one agent would then face fewer votes).
+        return {"families": {f: s.to_dict() for f, s in self.states.items()},
+                "votes": {f: dict(votes) for f, votes in self._votes.items() if f not in self.states}}
 
     def load_state_dict(self, data: dict[str, Any]) -> None:
         self.states = {f: FamilyState.from_dict(s, self.publish_states_as) for f, s in data["families"].items()}
+        votes = data.get("votes") or {}  # since 2026-12-04
+        if not (isinstance(votes, dict) and all(isinstance(f, str) and isinstance(v, dict) for f, v in votes.items())
+                and all(isinstance(a, str) and isinstance(d, str) and (d == "" or _is_digest(d))
+                        for v in votes.values() for a, d in v.items())):
+            raise ValueError("the strategy's bootstrap votes must map families to {agent: proposal digest}")
+        self._votes = {f: dict(v) for f, v in votes.items() if f not in self.states}
 
     def new_state(self, round_number: int, weights: dict[str, np.ndarray],
                   control: dict[str, np.ndarray] | None = None) -> FamilyState:
         """A family's next global state, published as this run publishes states."""
         return FamilyState(round=round_number, weights=weights, control=control or {},
                            published_as=self.publish_states_as)
+
+
+def _is_digest(text: str) -> bool:
+    """A proposal digest as ``protocol.digest`` writes it: lowercase hex."""
+    return 0 < len(text) <= 128 and all(c in "0123456789abcdef" for c in text)
 
 
 @dataclass(frozen=True)

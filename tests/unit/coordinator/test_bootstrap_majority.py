@@ -16,6 +16,7 @@ from coordinator.aggregation import weighted_mean
 from coordinator.aggregation.aggregator import Aggregator, build_aggregator
 from coordinator.reasons import RejectReason
 from coordinator.settings import CoordinatorSettings
+from coordinator.state.checkpoint import CHECKPOINT, CheckpointStore
 from coordinator.strategies import FedAvg, Scaffold
 from coordinator.strategies.base import Dropped, Strategy
 from coordinator.strategies.bootstrap import proposal_digest
@@ -212,3 +213,32 @@ def test_carried_over_votes_of_agents_no_longer_selected_for_the_family_expire()
     g = [proposal(z, {k: v.copy() for k, v in HONEST.items()}).model_copy(update={"family": "g"}) for z in ("z1", "z2")]
     _bootstrap_round(strategy, 2, [*honest("a", "b"), *g], {"f": {"a", "b"}, "g": {"z1", "z2"}})
     assert {"f", "g"} <= set(strategy.states)
+
+
+def test_bootstrap_votes_survive_a_restart(tmp_path: Path) -> None:
+    """Two colluders tie two honest agents; after a restart only the colluders answer. Had the restart forgotten the
+    honest votes, their two alike proposals would be a strict majority of the three voters a family needs."""
+    junk = noise(seed=3)
+    colluders = [proposal(z, {k: v.copy() for k, v in junk.items()}) for z in ("z1", "z2")]
+    selected = {"f": {"a", "b", "z1", "z2"}}
+    strategy = FedAvg(weighted_mean)
+    _bootstrap_round(strategy, 1, [*honest("a", "b"), *colluders], selected)
+    assert "f" not in strategy.states  # 2 of 4 each
+    store = CheckpointStore(tmp_path)
+    store.save(CHECKPOINT, {"strategy": strategy.state_dict()})
+    saved = store.load(CHECKPOINT)["strategy"]  # type: ignore[index]
+    restored = FedAvg(weighted_mean)
+    restored.load_state_dict(saved)
+    _bootstrap_round(restored, 2, colluders, selected)
+    assert "f" not in restored.states  # still 2 of 4
+
+    forgetful = FedAvg(weighted_mean)  # what a restart without the votes did: the colluders' proposal wins
+    forgetful.load_state_dict({k: v for k, v in saved.items() if k != "votes"})
+    _bootstrap_round(forgetful, 2, colluders, selected)
+    assert forgetful.states["f"].weights["w"].tobytes() == junk["w"].tobytes()
+
+
+@pytest.mark.parametrize("votes", [[1], {"f": ["a"]}, {"f": {"a": 3}}, {"f": {"a": "not hex"}}, {1: {"a": ""}}])
+def test_checkpointed_votes_that_are_not_votes_refuse_to_load(votes: object) -> None:
+    with pytest.raises(ValueError, match="bootstrap votes must map families"):
+        FedAvg(weighted_mean).load_state_dict({"families": {}, "votes": votes})
