@@ -125,11 +125,12 @@ def plot(rows: list[Row], path: Path, title: str) -> Path:
         elif spec.kind == "global":
             algorithm = spec.train.algorithm
             bounded = spec.key.endswith("-bounded")  # the default bounds on influence: drawn apart
+            reseeded = "-0.1-s" in spec.key  # the Dir(0.1) pair on other splits: faint, labelled once (seed 0)
             style = "--" if bounded else "-" if "0.1" in spec.partition else "-." if "0.5" in spec.partition else ":"
-            left.plot(rounds, r.curve, label=f"{spec.name.split(' ')[0]} {spec.partition} {spec.family}"
-                      + (", default bounds" if bounded else ""),
+            label = f"{spec.name.split(' ')[0]} {spec.partition} {spec.family}" + (", default bounds" if bounded else "")
+            left.plot(rounds, r.curve, label=None if reseeded else label,
                       color="tab:cyan" if bounded else ALGORITHM_COLOURS[algorithm], linestyle=style,
-                      alpha=1.0 if spec.key == "fedavg-iid" or spec.partition != "IID" else 0.4)
+                      alpha=0.35 if reseeded else 1.0 if spec.key == "fedavg-iid" or spec.partition != "IID" else 0.4)
         else:
             few = "-few" in spec.key
             colour = "tab:purple" if spec.key.startswith("fedproto") else "tab:gray"
