@@ -13,7 +13,7 @@ counting them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from coordinator.admission.decisions import Accept, Reject
@@ -32,9 +32,11 @@ class PartialIn:
 
 
 def admit_partial(topic: ParsedTopic, partial: PartialAggregate, view: AdmissionView,
-                  taken: set[tuple[str, str]], site_of: Mapping[str, str]) -> Accept | Reject:
+                  taken: set[tuple[str, str]], site_of: Mapping[str, str],
+                  families: Collection[str] | None = None) -> Accept | Reject:
     """``taken``: the (site, family) pairs whose partial the open round already holds; ``site_of``: agent -> the
-    site it is bound to (``RosterOrder.site_of``). Changes nothing."""
+    site it is bound to (``RosterOrder.site_of``); ``families``: those whose agents the partial may name (a secure
+    FedProto session's spans several; default: its own). Changes nothing."""
     if partial.site_id != topic.agent_id or partial.round != topic.round:
         return Reject(RejectReason.TOPIC_MISMATCH,
                       f"partial of {partial.site_id}/{partial.round} on {topic.agent_id}/{topic.round}")
@@ -67,7 +69,7 @@ def admit_partial(topic: ParsedTopic, partial: PartialAggregate, view: Admission
         if agent_id in open_round.updates or agent_id in open_round.settled:
             return Reject(RejectReason.DUPLICATE, f"{agent_id} already answered round {partial.round}")
         family = view.agents.family_of(agent_id)
-        if family is not None and family != partial.family:
+        if family is not None and family not in (families or (partial.family,)):
             return Reject(RejectReason.WRONG_FAMILY, f"{agent_id} is of {family}, the partial of {partial.family}")
         hard, cap = hard_cap(view, agent_id), view.sample_cap(agent_id)
         if outcome.outcome == "accepted" and (outcome.samples > hard or outcome.weight > min(cap, outcome.samples)):

@@ -29,7 +29,15 @@ from coordinator.fleet.agents import AgentRecord
 from coordinator.reasons import RejectReason
 from coordinator.round import secure_plan, secure_sites
 from coordinator.round.opening import open_round_record
-from coordinator.round.secure_session import STAGES, TOPIC_STAGE, Session, StageClock, sample_means, take_stage
+from coordinator.round.secure_session import (
+    STAGES,
+    TOPIC_STAGE,
+    Session,
+    StageClock,
+    grouped_sessions,
+    sample_means,
+    take_stage,
+)
 from coordinator.settings import CoordinatorSettings
 from coordinator.state.central_privacy import CentralPrivacyLedger
 from coordinator.state.rounds import OpenRound
@@ -106,11 +114,7 @@ class SecureRounds:
             return
         self.round = (run.run_id, open_round.number)
         problems = []
-        grouped: dict[tuple[tuple[str, ...], bytes], list[str]] = {}  # FedProto: one session under each family's name
-        for family, fam in setup.families.items():
-            grouped.setdefault((tuple(fam.roster), fam.graph_seed), []).append(family)
-        for relays in grouped.values():
-            fam = setup.families[relays[0]]
+        for fam, relays in grouped_sessions(setup.families).values():  # FedProto: one session under each family's name
             family = relays[0] if len(relays) == 1 else secure_plan.shared_session(relays)
             try:
                 config = RoundConfig(open_round.number, tuple(fam.roster), fam.n_params, fam.graph_seed,

@@ -79,8 +79,9 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     # delta, clipped to its own range (gradient units, not weight units: secagg_control_clip).
     controls = {f: (states[f].control or None) if f in states else None for f in by_family}
     # A site's agents form the site's own sessions (its aggregator serves them behind its bridge). FedProto's
-    # prototypes share one layout across families (the task's): one session holds every family's agents, so the
-    # coordinator learns only the sum over all of them, and a family with one selected agent takes part.
+    # prototypes share one layout across families (the task's): one session holds every family's agents (at the
+    # root, and at each site), so the coordinator learns only the sum over all of them, and a family with one
+    # selected agent takes part.
     groups: dict[tuple[str | None, str], list[str]] = {}
     for family, agents in by_family.items():
         for agent in agents:
@@ -90,12 +91,6 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     sessions: dict[tuple[str | None, str], SecureFamily] = {}
     for key, agents in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         where = f"{names[key]}{f' at site {key[0]}' if key[0] else ''}"
-        if prototypes is not None and key[0] is not None:  # a site's partial carries one family's sum, not these
-            why = "FedProto's prototype sessions do not run behind site aggregators"
-            skipped.append(f"{where}: {why}")
-            log.warning("round %d: %s sits out (its agents' plain updates are refused): %s", announcement.round,
-                        where, why)
-            continue
         session = _session(s, agents, records, levels, prototypes, states, controls, where, announcement.round,
                            skipped)
         if session is not None:

@@ -3,7 +3,7 @@ agent's stage message enters a session's server (the root's sessions and a site'
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,16 @@ class StageClock:
     seconds: dict[str, float] = field(default_factory=dict)
     bytes_in: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
     bytes_out: dict[str, int] = field(default_factory=lambda: {s: 0 for s in STAGES})
+
+
+def grouped_sessions(families: Mapping[str, SecureFamily]) -> dict[str, tuple[SecureFamily, tuple[str, ...]]]:
+    """The distinct sessions of an announcement's ``families`` (family -> its session; under FedProto one session
+    stands under every family's name): each under its first family's name, with all of its families in order
+    (the relay topics its keys and unmasking request go to)."""
+    grouped: dict[tuple[tuple[str, ...], bytes], list[str]] = {}
+    for family, session in sorted(families.items()):
+        grouped.setdefault((tuple(session.roster), session.graph_seed), []).append(family)
+    return {names[0]: (families[names[0]], tuple(names)) for names in grouped.values()}
 
 
 def take_stage(server: SecAggServer, setup: SecureFamily, families: Collection[str], agent: str, stage: str,

@@ -22,9 +22,11 @@ from coordinator.admission.decisions import Reject
 from coordinator.aggregation import AggregationError
 from coordinator.reasons import RejectReason
 from coordinator.round.opening import open_round_record
-from coordinator.round.secure_session import sample_means
+from coordinator.round.secure_plan import prototype_shape
+from coordinator.round.secure_session import grouped_sessions, sample_means
 from coordinator.state.rounds import OpenRound
 from protocol.partials import PartialAggregate
+from protocol.secagg.prototype_vector import decode_prototype_sums
 from protocol.secagg.vector import decode_sum, quantiser
 from protocol.secagg.wire import SecureFamily, SecureSetup
 
@@ -38,10 +40,20 @@ SiteSession = tuple[str, str]
 
 
 def expected(setup: SecureSetup | None) -> dict[SiteSession, SecureFamily]:
-    """The round's site sessions, whose partials the root waits for."""
+    """The round's site sessions, whose partials the root waits for: per site, one per session, under its first
+    family's name (FedProto's one session stands under every family's: ``grouped_sessions``)."""
     if setup is None:
         return {}
-    return {(site, family): session for site, held in setup.sites.items() for family, session in held.families.items()}
+    return {(site, family): session for site, held in setup.sites.items()
+            for family, (session, _) in grouped_sessions(held.families).items()}
+
+
+def session_families(setup: SecureSetup | None, site: str, family: str) -> frozenset[str]:
+    """The families whose agents a site's partial under ``family`` may name: its session's (FedProto's spans every
+    family its agents are of); just ``family`` outside a site session."""
+    held = setup.sites.get(site) if setup is not None else None
+    found = grouped_sessions(held.families).get(family) if held is not None else None
+    return frozenset(found[1]) if found is not None else frozenset({family})
 
 
 def setup_deadline(open_round: OpenRound) -> float:
@@ -174,15 +186,18 @@ def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: Part
     """A site's unmasked ring sum into the round's folded means, read as the root reads its own sessions' sums;
     why it cannot be, or None. ``check_secure_partial`` has passed."""
     setup = open_round.announcement.secure
-    held = setup.sites.get(partial.site_id) if setup is not None else None
-    session = held.families.get(partial.family) if held is not None else None
+    session = expected(setup).get((partial.site_id, partial.family))
     state = parts.strategy.states.get(partial.family)
     assert partial.ring_sum is not None
-    if setup is None or session is None or state is None:
+    prototypes = prototype_shape(parts.settings)
+    if setup is None or session is None or (state is None and prototypes is None):
         return Reject(RejectReason.BAD_PARTIAL, f"round {partial.round} gave site {partial.site_id} no secure "
                                                 f"session of {partial.family}")
     if not members <= set(session.roster) or partial.ring_sum.shape != (session.n_params,):
         return Reject(RejectReason.BAD_PARTIAL, "its survivors or its ring sum do not fit the session announced")
+    if prototypes is not None:
+        return _fold_prototype_sums(parts, open_round, partial, members, session, prototypes[0])
+    assert state is not None
     control = state.control if setup.control_clip is not None else None
     try:
         sums, weight = decode_sum(partial.ring_sum, partial.count, state.weights, setup, session, control)
@@ -202,5 +217,30 @@ def fold_secure_partial(parts: EngineParts, open_round: OpenRound, partial: Part
         return Reject(RejectReason.BAD_PARTIAL, exc.detail)
     if not parts.strategy.accumulate_sums(partial.family, means, members):
         return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.aggregator.describe()} does not fold a mean")
+    open_round.folded_sites.add((partial.site_id, partial.family))
+    return None
+
+
+def _fold_prototype_sums(parts: EngineParts, open_round: OpenRound, partial: PartialAggregate, members: set[str],
+                         session: SecureFamily, classes: int) -> Reject | None:
+    """FedProto: a site session's unmasked per-class sums and counts, checked as the root checks its own session's
+    (``plausible_prototypes``), into the strategy beside the other sessions' sums; why they cannot be, or None."""
+    setup = open_round.announcement.secure
+    assert setup is not None and partial.ring_sum is not None
+    try:
+        sums, counts = decode_prototype_sums(partial.ring_sum, partial.count, classes, setup, session)
+    except ValueError as exc:
+        return Reject(RejectReason.BAD_PARTIAL, str(exc))
+    open_round.decoded_sites.add((partial.site_id, partial.family))
+    most = most_counted(parts, members, session.weight_cap, classes)
+    implausible = plausible_prototypes(sums, counts, most, partial.count, setup, session)
+    if implausible is not None:
+        return Reject(RejectReason.BAD_PARTIAL, implausible)
+    try:
+        folded = parts.strategy.accumulate_prototype_sums(f"{partial.site_id}/{partial.family}", sums, counts, members)
+    except ValueError as exc:
+        return Reject(RejectReason.BAD_PARTIAL, str(exc))
+    if not folded:
+        return Reject(RejectReason.BAD_PARTIAL, f"{parts.strategy.algorithm} does not fold prototype sums")
     open_round.folded_sites.add((partial.site_id, partial.family))
     return None

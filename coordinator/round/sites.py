@@ -25,7 +25,7 @@ from coordinator.round import applying
 from coordinator.round.norm_clip import RoundNorms, clipped, control_key
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import HeldSums, RunState
-from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial
+from coordinator.round.secure_sites import check_secure_partial, expected, fold_secure_partial, session_families
 from protocol.errors import Reason
 from protocol.fields import TaskRef
 from protocol.messages import RoundAnnouncement, Task, TrainMetrics, Update
@@ -41,8 +41,9 @@ OTHER_REASON = "site_other"
 def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None:
     partial, site = inbound.partial, inbound.partial.site_id
     view = applying.admission_view(parts, run, parts.clock())
+    setup = run.open.announcement.secure if run.open is not None else None
     decision = admit_partial(inbound.topic, partial, view, run.open.partials if run.open is not None else set(),
-                             parts.rosters.site_of)
+                             parts.rosters.site_of, session_families(setup, site, partial.family))
     if isinstance(decision, Reject):
         refuse(parts, run, site, decision)
         return
@@ -93,8 +94,12 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         elif outcome.outcome == "accepted":
             metrics = TrainMetrics.model_construct(eval_accuracy=outcome.eval_accuracy, eval_loss=outcome.eval_loss,
                                                    num_eval_samples=outcome.num_eval_samples)
+            # A FedProto session's partial names agents of several families: each counts for its own.
+            family = view.agents.family_of(agent_id) or partial.family
+            ref = open_round.announcement.states.get(family)
             open_round.updates[agent_id] = base.model_copy(update={
-                "agent_id": agent_id, "num_samples": outcome.samples, "metrics": metrics})
+                "agent_id": agent_id, "num_samples": outcome.samples, "metrics": metrics, "family": family,
+                "base_digest": base.base_digest if family == partial.family else ref.digest if ref else None})
             parts.applied.record(agent_id, partial.round)
             m.updates.labels("accepted").inc()
             counts["accepted"] += 1

@@ -15,7 +15,8 @@ from protocol.task_card import TaskCard
 
 FOLDED = ("fedavg", "fedprox", "scaffold", "fedproto")
 """The algorithms whose plain updates a site folds (FedProto's prototypes into per-class sums, in plain rounds only:
-in a secure round its agents' updates are refused, ``site_unsupported``, and the root counts them rejected)."""
+in a secure round its agents mask them in the site's session, ``coordinator/sites/secure.py``, and a plain one is
+refused, ``site_unsupported``)."""
 
 
 class SitePayloads:
@@ -64,11 +65,12 @@ class SitePayloads:
 
     def _check_prototypes(self, update: Update) -> Reject | None:
         """FedProto, as the root's strategy checks it, with the task's ``[classes, embedding_dim]`` for the shape (the
-        site holds no global prototypes); not in a secure round (its sessions span every family, a partial one)."""
+        site holds no global prototypes); not in a secure round (its agents mask them in the site's session: one sent
+        in the clear there would be folded outside the sum)."""
         assert self.announcement is not None
         if self.announcement.secure is not None:
-            return Reject(RejectReason.SITE_UNSUPPORTED, "a site aggregator does not fold fedproto's prototypes in a "
-                                                         "secure round")
+            return Reject(RejectReason.SITE_UNSUPPORTED, "a secure round takes fedproto's prototypes masked, in the "
+                                                         "site's session, not in the clear")
         ref = self.announcement.states.get(update.family)
         if ref is not None and update.base_digest != ref.digest:
             return Reject(RejectReason.STALE_BASE, f"trained from {update.base_digest}, not {ref.digest}")

@@ -6,8 +6,9 @@ does for its own sessions (``coordinator/round/secure.py``), every relay signed 
 announcement names, so agents take the site's relays and nobody else's: keys once advertising closes (``advertise_s``
 after the announcement was issued), each agent's bundles once sharing closes (``share_s`` more), the survivors at
 the site's own deadline, the unmasked sum once every survivor revealed (or ``unmask_s`` later). Then one
-secure partial per family goes up the bridge with the unmasked ring sum (``PartialAggregate.ring_sum``), which the
-root reads back against the global state it holds: the site learns its agents' sum, the root each site's sum,
+secure partial per session goes up the bridge with the unmasked ring sum (``PartialAggregate.ring_sum``), which the
+root reads back against the global state it holds (under FedProto one session holds every family's agents, relayed
+on each family's topics, and its partial goes up under its first family's name: ``grouped_sessions``): the site learns its agents' sum, the root each site's sum,
 neither one agent's input. Survivors are accepted (without a weight: the site knows only the total), the rest of
 the roster stragglers; a session that aborts sends its agents as rejected (``secagg_refused``) with no sum.
 """
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from coordinator.reasons import RejectReason
-from coordinator.round.secure_session import STAGES, take_stage
+from coordinator.round.secure_session import STAGES, grouped_sessions, take_stage
 from protocol.messages import RoundAnnouncement, TrainMetrics
 from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.secagg.config import RoundConfig
@@ -40,8 +41,11 @@ Relay = tuple[str, Any]
 @dataclass
 class SiteSession:
     family: str
+    """The session's name: its family's, or under FedProto the first of its families' (its partial goes up as that)."""
     setup: SecureFamily
     server: SecAggServer
+    relays: tuple[str, ...]
+    """The families whose relay topics carry its keys and unmasking request (under FedProto, several)."""
     members: dict[str, set[str]] = field(default_factory=lambda: {s: set() for s in STAGES})
     metrics: dict[str, TrainMetrics] = field(default_factory=dict)
     total: np.ndarray | None = None
@@ -56,11 +60,12 @@ class SiteSecureRound:
         assert announcement.secure is not None
         self.announcement, self.setup, self.topics = announcement, announcement.secure, topics
         self.sessions: dict[str, SiteSession] = {}
-        for family, fam in held.families.items():
+        for family, (fam, relays) in grouped_sessions(held.families).items():
             config = RoundConfig(announcement.round, tuple(fam.roster), fam.n_params, fam.graph_seed, fam.degree,
                                  fam.threshold, self.setup.prg)
-            self.sessions[family] = SiteSession(family, fam, SecAggServer(config))
-        self.family_of = {agent: family for family, fam in held.families.items() for agent in fam.roster}
+            self.sessions[family] = SiteSession(family, fam, SecAggServer(config), relays)
+        self.family_of = {agent: family for family, session in self.sessions.items() for agent in session.setup.roster}
+        """Agent -> the name of its session."""
         opened = now - issued_age
         self.stage = "advertise"
         self.deadline = opened + self.setup.advertise_s
@@ -79,7 +84,7 @@ class SiteSecureRound:
             raise SecAggRefused(f"{agent} is not in a secure session of this site")
         if stage != self.stage:
             raise SecAggRefused(f"a {stage} message while the site's session is at {self.stage}")
-        take_stage(session.server, session.setup, (session.family,), agent, stage, message, session.metrics)
+        take_stage(session.server, session.setup, session.relays, agent, stage, message, session.metrics)
         session.members[stage].add(agent)
 
     def advance(self, now: float) -> list[Relay]:
@@ -109,16 +114,18 @@ class SiteSecureRound:
             server.close_advertising()
             ads = [AdvertisedKeys(agent_id=a.agent, encryption_key=a.encryption_key, mask_key=a.mask_key,
                                   commitment=a.self_mask_commitment) for _, a in sorted(server.advertised.items())]
-            return [(self.topics.secagg_relay(family, ann.round, "keys"),
-                     SecureKeys(run_id=ann.run_id, round=ann.round, family=family, advertised=ads))]
+            return [(self.topics.secagg_relay(relay, ann.round, "keys"),
+                     SecureKeys(run_id=ann.run_id, round=ann.round, family=relay, advertised=ads))
+                    for relay in session.relays]
         if self.stage == "share":
             return [(self.topics.secagg_inbox(agent, ann.round),
                      SecureInbox(run_id=ann.run_id, round=ann.round, agent_id=agent, bundles=bundles))
                     for agent, bundles in sorted(server.close_sharing().items())]
         if self.stage == "mask":
             request = server.close_masking()  # aborts here, before any share is revealed
-            return [(self.topics.secagg_relay(family, ann.round, "unmask"),
-                     SecureUnmask(run_id=ann.run_id, round=ann.round, family=family, survivors=sorted(request.survivors)))]
+            return [(self.topics.secagg_relay(relay, ann.round, "unmask"),
+                     SecureUnmask(run_id=ann.run_id, round=ann.round, family=relay, survivors=sorted(request.survivors)))
+                    for relay in session.relays]
         session.total = server.finish()
         if server.misfits or server.withheld or server.unattributed:
             log.warning("round %d: %s's unmasking outvoted wrong shares revealed by %s (and unnamed ones of %s); %s "
@@ -145,7 +152,9 @@ class SiteSecureRound:
                 else:
                     outcomes[agent] = AgentOutcome(outcome="straggler")
             fields: dict[str, Any] = {}
-            if session.total is not None and survivors:
+            if session.total is not None and survivors and self.announcement.algorithm == "fedproto":
+                fields = {"ring_sum": session.total}  # per-class sums and counts: no one weight (the root reads both)
+            elif session.total is not None and survivors:
                 grid = quantiser(self.setup, session.setup)
                 weight = float(grid.dequantise_sum(session.total[-1:], len(survivors))[0]) / self.setup.clip
                 fields = {"ring_sum": session.total, "total_weight": max(weight, 0.0) * session.setup.weight_cap}

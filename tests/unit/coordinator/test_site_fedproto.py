@@ -1,7 +1,7 @@
 """FedProto behind site aggregators: a site sends per-class sums of count x prototype and the counts, the root adds
 them to its own agents' and divides once, so the global prototypes equal flat FedProto's over the same agents. A
-lying site (counts past its agents' samples, another shape, sums beside a FedAvg round) is refused whole, and in
-secure rounds the site still refuses FedProto's plain updates. Engines driven directly, as in test_sites.py."""
+lying site (counts past its agents' samples, another shape, sums beside a FedAvg round) is refused whole. In
+secure rounds each site runs one SecAgg+ session across its agents' families and sends up only its unmasked sum. Engines driven directly, as in test_sites.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from coordinator.sites.engine import SiteEngine
 from coordinator.strategies.fedproto import aggregate_prototypes
 from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
 from protocol.partials import PartialAggregate
+from protocol.secagg.vector import quantiser
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
 from tests.unit.coordinator.test_engine import TOPICS, Clock, hello, make_engine, rejected
@@ -195,17 +196,88 @@ def test_prototype_sums_in_a_fedavg_round_are_refused(tmp_path: Path) -> None:
     assert rejected(metrics, "bad_partial", "partial") == 1
 
 
-def test_a_site_keeps_fedproto_out_of_secure_rounds(tmp_path: Path) -> None:
-    """A secure round's one FedProto session spans every family and a partial carries one: the site refuses its
-    agents' plain prototypes there (``site_unsupported``), as before it folded FedProto at all."""
-    from tests.unit.coordinator.test_secure_rounds import SECURE
+SECURE_SITES = {"s1": ["a", "d", "e"], "s2": ["b", "c", "g", "h"]}
+"""Both sites hold agents of both families; nobody talks to the root directly."""
+SECURE_PROTO = {**PROTO, "secure_aggregation": True, "secagg_prototype_clip": 4.0, "secagg_stage_s": 5.0,
+                "round_deadline_s": 30.0}
 
-    root, outbox, _, sites, _ = federation(tmp_path, with_sites=True, **{k: v for k, v in SECURE.items()
-                                                                      if k not in PROTO}, secagg_prototype_clip=4.0)
-    announcement, partials = site_round_one(root, outbox, sites, "s2", local_prototypes(0))
-    assert announcement.secure is not None and not announcement.secure.sites
-    assert {o.reason for p in partials for o in p.outcomes.values()} == {"site_unsupported"}
-    assert all(p.prototype_sums is None for p in partials)
+
+def test_secure_fedproto_behind_sites_gives_the_plain_prototypes_of_every_agent(tmp_path: Path) -> None:
+    """Each site runs one session across its agents' families (relayed on each family's topic) and sends its
+    unmasked per-class sums up under its first family's name; the root adds the sites' sums: the global prototypes
+    are plain FedProto's over all seven agents, within the grid. Neither the root nor a site sees one agent's."""
+    from tests.unit.coordinator.test_secure_fedproto import CLIP, plain_prototypes
+    from tests.unit.coordinator.test_site_secure import Federation
+
+    at_sites = {k: v for k, v in PROTO.items() if k in ("algorithm", "proto_momentum", "claim_cap_multiple",
+                                                         "max_norm_ratio", "rounds")}
+    fed = Federation(tmp_path, SECURE_SITES, FAMILIES, SAMPLES, at_sites, **SECURE_PROTO)
+    ann = fed.announce()
+    assert ann.round == 1 and ann.secure is not None and not ann.secure.families  # every session is a site's
+    for site_id, agents in SECURE_SITES.items():
+        held = ann.secure.sites[site_id].families
+        assert sorted(held) == ["cnn_large", "mlp_tiny"] and held["cnn_large"] == held["mlp_tiny"]
+        assert sorted(held["cnn_large"].roster) == sorted(agents)
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    fed.pump()  # keys and bundles, relayed by each site on both families' topics
+    sent = local_prototypes(1)
+    for agent, (prototypes, counts) in sent.items():
+        update = Update(run_id=ann.run_id, agent_id=agent, round=1, task="train", task_ref=DIGITS,
+                        family=FAMILIES[agent], base_digest=None, num_samples=SAMPLES[agent],
+                        metrics=TrainMetrics(eval_accuracy=0.5, eval_loss=1.0, num_eval_samples=2),
+                        prototypes=prototypes, prototype_counts=counts)
+        assert fed.agents[agent].takes(update)  # masked on the device, never sent plain
+    fed.pump()
+    secured = sorted((p.site_id, p.family, p.secure, p.count) for p in fed.partials if p.round == 1)
+    assert secured == [("s1", "cnn_large", True, 3), ("s2", "cnn_large", True, 4)]
+    assert not any(p.prototype_sums is not None or p.sums for p in fed.partials)  # only ring sums went up
+    summary = fed.root.last_summary
+    assert (summary.round, summary.outcome, summary.answered) == (1, "completed", 7), summary
+    assert summary.secure["sites"] == {"s1/cnn_large": {"roster": 3, "summed": True},
+                                       "s2/cnn_large": {"roster": 4, "summed": True}}
+    assert {f: fs.answered for f, fs in summary.families.items()} == {"cnn_large": 4, "mlp_tiny": 3}
+    fed.root.tick()
+    published = decode_message(fed.outbox.last(TOPICS.global_state("mlp_tiny", 2)), GlobalState)
+    expected, counts = plain_prototypes(sent)
+    assert published.prototypes is not None and published.prototype_counts is not None
+    assert published.prototype_counts.tolist() == counts.tolist()  # capped counts read back exactly
+    step = max(quantiser(ann.secure, h.families["cnn_large"]).step for h in ann.secure.sites.values())
+    held_classes = counts > 0
+    assert np.abs(published.prototypes - expected)[held_classes].max() <= 2 * len(sent) * step * CLIP
+    assert fed.root.run.next_round == 2
+
+
+def test_a_site_s_secure_prototype_sums_past_its_agents_counts_are_refused(tmp_path: Path) -> None:
+    """A site that adds count to a class on the way up (its ring sum edited, as a lying site would) is caught by
+    the same plausibility check the root's own session gets, and the round does not take its sum."""
+    from tests.unit.coordinator.test_site_secure import Federation
+
+    at_sites = {k: v for k, v in PROTO.items() if k in ("algorithm", "proto_momentum", "claim_cap_multiple",
+                                                         "max_norm_ratio", "rounds")}
+    fed = Federation(tmp_path, SECURE_SITES, FAMILIES, SAMPLES, at_sites, **SECURE_PROTO)
+    ann = fed.announce()
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    fed.pump()
+    for agent, (prototypes, counts) in local_prototypes(1).items():
+        assert fed.agents[agent].takes(Update(
+            run_id=ann.run_id, agent_id=agent, round=1, task="train", task_ref=DIGITS, family=FAMILIES[agent],
+            base_digest=None, num_samples=SAMPLES[agent], metrics=TrainMetrics(), prototypes=prototypes,
+            prototype_counts=counts))
+    held: dict[str, tuple[str, bytes]] = {}
+    fed.run_sites(held)
+    topic, payload = held["s2"]
+    partial = decode_message(payload, PartialAggregate)
+    assert partial.ring_sum is not None
+    ring = partial.ring_sum.copy()
+    ring[-1] += np.uint32(10**8)  # the last class's count, far past what s2's agents hold
+    fed.root.on_message(topic, encode_message(partial.model_copy(update={"ring_sum": ring})))
+    fed.root.on_message(*held["s1"])
+    fed.clock.now += 100
+    fed.root.tick()
+    assert rejected(fed.metrics, "bad_partial", "partial") == 1
+    assert fed.root.last_summary.secure["sites"]["s2/cnn_large"]["summed"] is False
 
 
 def test_a_site_counts_its_agents_for_no_more_than_the_round_s_claim_cap(tmp_path: Path) -> None:

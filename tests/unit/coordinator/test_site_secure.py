@@ -39,18 +39,25 @@ class Federation:
     """The root, its sites and their agents; ``pump`` carries messages until nothing moves (no message of one
     site's agents ever reaches another site or the root: only the sites' partials and rosters go up)."""
 
-    def __init__(self, tmp_path: Path, **settings: object) -> None:
+    def __init__(self, tmp_path: Path, layout: dict[str, list[str]] | None = None,
+                 families: dict[str, str] | None = None, samples: dict[str, int] | None = None,
+                 at_sites: dict[str, object] | None = None, **settings: object) -> None:
+        """``layout``: site -> its agents; ``families``: agent -> family ("f" unless given); ``at_sites``: the sites'
+        own settings."""
         self.clock = Clock()
+        self.layout, families, samples = layout or SITES, families or {}, samples or SAMPLES
         self.root, self.outbox, self.metrics = make_engine(tmp_path, self.clock, **(settings or SECURE))
-        self.sites: dict[str, SiteEngine] = {s: site_engine(tmp_path, s, self.clock)
-                                             for s in SITES}
-        self.up: dict[str, list[tuple[str, bytes]]] = {s: [] for s in SITES}
-        self.agents = {a: SecureParticipant(a, "f", TOPICS, lambda t, p, s=s: self.up[s].append((t, p)), lambda b: b)
-                       for s, agents in SITES.items() for a in agents}
+        self.sites: dict[str, SiteEngine] = {s: site_engine(tmp_path, s, self.clock, **(at_sites or {}))
+                                             for s in self.layout}
+        self.up: dict[str, list[tuple[str, bytes]]] = {s: [] for s in self.layout}
+        self.agents = {a: SecureParticipant(a, families.get(a, "f"), TOPICS,
+                                            lambda t, p, s=s: self.up[s].append((t, p)), lambda b: b)
+                       for s, agents in self.layout.items() for a in agents}
         self.partials: list[PartialAggregate] = []
-        for site_id, agents in SITES.items():
+        for site_id, agents in self.layout.items():
             for agent_id in agents:
-                hello(self.sites[site_id], agent_id, samples=SAMPLES[agent_id])  # type: ignore[arg-type]
+                hello(self.sites[site_id], agent_id, family=families.get(agent_id, "f"),  # type: ignore[arg-type]
+                      samples=samples[agent_id])
             for topic, payload in self.sites[site_id].tick()[1]:  # the roster, up the bridge
                 self.root.on_message(topic, payload)
         self.seen = 0
@@ -89,7 +96,7 @@ class Federation:
                         self.root.on_message(topic, payload)
                     else:  # a relay on the site's broker: its own agents hear it
                         assert parsed.kind in ("secagg_relay", "secagg_inbox"), topic
-                        for agent_id in SITES[site_id]:
+                        for agent_id in self.layout[site_id]:
                             if agent_id not in gone:
                                 self.agents[agent_id].on_message(parsed, payload, OPEN)
             self.root.tick()
@@ -119,7 +126,7 @@ class Federation:
                         continue
                     if keys_relays is not None and parsed.stage == "keys":
                         keys_relays[site_id] = payload
-                    for agent_id in SITES[site_id]:
+                    for agent_id in self.layout[site_id]:
                         self.agents[agent_id].on_message(parsed, payload, OPEN)
 
     def state(self, round_number: int) -> GlobalState:

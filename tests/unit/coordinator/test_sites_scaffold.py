@@ -248,13 +248,13 @@ def test_a_site_refuses_a_fedproto_update_without_prototypes(tmp_path: Path) -> 
     assert partial.outcomes["a1"].outcome == "rejected" and partial.outcomes["a1"].reason == "missing_payload"
 
 
-def test_fedproto_agents_behind_a_site_sit_out_of_secure_rounds_saying_why(tmp_path: Path) -> None:
-    """FedProto's one session spans every family; a site's partial carries one family's sum. Its site's agents sit
-    out (their plain updates are refused there, ``site_unsupported``) rather than fail at the root."""
+def test_fedproto_agents_behind_a_site_get_one_session_there_across_their_families(tmp_path: Path) -> None:
+    """FedProto's session spans every family: the site's agents get one of the site's own, under both their families'
+    names (relayed there by the site), apart from the root's session of the agents it holds itself."""
     clock = Clock()
-    root, outbox, _ = make_engine(tmp_path, clock, **{**SECURE, **FEDPROTO, "min_available_agents": 7,
-                                                      "min_fit_agents": 7})
-    behind = {"s1x": "cnn_large", "s1y": "mlp_tiny"}
+    root, outbox, _ = make_engine(tmp_path, clock, **{**SECURE, **FEDPROTO, "min_available_agents": 8,
+                                                      "min_fit_agents": 8})
+    behind = {"s1x": "cnn_large", "s1y": "mlp_tiny", "s1z": "mlp_tiny"}
     for agent, family in FAMILIES.items():
         hello(root, agent, family=family, samples=PROTO_SAMPLES[agent])
     statuses = [attacks.status(a, LAYOUT).model_copy(update={"family": f}) for a, f in behind.items()]
@@ -264,7 +264,9 @@ def test_fedproto_agents_behind_a_site_sit_out_of_secure_rounds_saying_why(tmp_p
     root.tick()
     ann = decode_message(outbox.last(TOPICS.rounds_current), RoundAnnouncement)
     assert ann.secure is not None and set(behind) <= set(ann.selected)
-    assert not ann.secure.sites  # no session for the site's agents
+    held = ann.secure.sites["s1"].families
+    assert sorted(held) == ["cnn_large", "mlp_tiny"] and held["cnn_large"] == held["mlp_tiny"]
+    assert sorted(held["cnn_large"].roster) == sorted(behind)
     assert not set(behind) & set(ann.secure.families["cnn_large"].roster)
 
 
