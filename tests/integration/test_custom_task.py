@@ -100,13 +100,25 @@ def test_an_installed_task_trains_over_the_wire(tmp_path: Path, mosquitto: Mosqu
         "exit_when_finished": False,
     }, federation=FEDERATION)
     topics = Topics(FEDERATION)
-    with fleet:
+    try:
+        # The intruder first, listening before any round: a run that ended before it subscribed would show it
+        # only the "finished" status, and it would exit without seeing a round of the other task.
+        fleet.start_coordinator()
+        fleet.agents["cpu-intruder"].start()
+        wait_until(lambda: any(topics.parse(m.topic).agent_id == "cpu-intruder" and m.payload
+                               for m in recorder.snapshot(lambda m: "/status" in m.topic)), 120,
+                   "the intruder's status")
+        for name, process in fleet.agents.items():
+            if name != "cpu-intruder":
+                process.start()
         rounds = wait_for_rounds(fleet, ROUNDS + 1, 240)
         wait_until(lambda: metric(scrape(http_port), "fl_messages_rejected_total", kind="agent_status",
                                   reason="task_mismatch") >= 1, 30, "the intruder's status counted")
         assert_agents_exit_cleanly(fleet, 60)
         samples = scrape(http_port)
         retained = retained_messages(mosquitto.url, f"fl/{FEDERATION}/#")
+    finally:
+        fleet.stop()
     assert not fleet.failures(), [p.log_tail() for p in fleet.failures()]
     assert_all_completed(rounds, ROUNDS + 1)
     assert all(r["answered"] == 3 for r in rounds)

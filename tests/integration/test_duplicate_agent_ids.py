@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from urllib.error import URLError
 
 import pytest
 
@@ -20,7 +21,16 @@ from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import AgentSpec, Fleet, FleetSpec, ManagedProcess
 from protocol.messages import Notice
 from protocol.topics import Topics
-from tests.integration.wire import WireRecorder, decode_wire, fleet_keys, metric, scrape, signer_of, wait_until
+from tests.integration.wire import (
+    WireRecorder,
+    decode_wire,
+    fleet_keys,
+    metric,
+    metric_total,
+    scrape,
+    signer_of,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,17 +38,29 @@ FEDERATION = "twins"
 TOPICS = Topics(FEDERATION)
 
 
+def online(port: int) -> float:
+    """Agents online at the coordinator; 0 before it serves /metrics."""
+    try:
+        return metric_total(scrape(port), "fl_agents_online")
+    except URLError:
+        return 0.0
+
+
 def test_two_processes_with_one_agent_id_are_detected_and_both_told(tmp_path: Path, mosquitto: MosquittoBroker) -> None:
     port = free_port()
-    fleet = Fleet(tmp_path / "run", mosquitto.url, FleetSpec(agents=[AgentSpec("phone-0", "phone", 0),
-                                                                     AgentSpec("phone-1", "phone", 1)], alpha=1.0), {
-        "rounds": 400, "min_available_agents": 2, "min_fit_agents": 2, "local_epochs": 1, "http_port": port,
+    # phone-2 is enrolled but never started: no round opens, so the run cannot end (and its agents exit) before the
+    # twins are told. Telling them rests on statuses alone.
+    agents = [AgentSpec("phone-0", "phone", 0), AgentSpec("phone-1", "phone", 1), AgentSpec("phone-2", "phone", 2)]
+    fleet = Fleet(tmp_path / "run", mosquitto.url, FleetSpec(agents=agents, alpha=1.0), {
+        "rounds": 2, "min_available_agents": 3, "min_fit_agents": 3, "local_epochs": 1, "http_port": port,
         "exit_when_finished": False, "notice_interval_s": 3,
     }, federation=FEDERATION)
     twin_dir = tmp_path / "twin"
-    with WireRecorder(mosquitto.url, TOPICS.notices("phone-0"), client_id="notice-recorder") as recorder, fleet:
-        wait_until(lambda: (fleet.rounds_path.exists() and fleet.rounds_path.read_text().count("\n") >= 1), 180,
-                   "the first round")
+    with WireRecorder(mosquitto.url, TOPICS.notices("phone-0"), client_id="notice-recorder") as recorder:
+        fleet.start_coordinator()
+        for name in ("phone-0", "phone-1"):
+            fleet.agents[name].start()
+        wait_until(lambda: online(port) >= 2, 180, "both agents online")
         original = fleet.agents["phone-0"]
         twin_dir.mkdir()
         for name in ("agent_key.pem", "coordinator.pub"):  # the same identity copied onto a second device
@@ -57,6 +79,8 @@ def test_two_processes_with_one_agent_id_are_detected_and_both_told(tmp_path: Pa
             keys = fleet_keys(fleet)
         finally:
             twin.terminate()
+            fleet.stop()
+    assert not fleet.rounds_path.exists() or not fleet.rounds_path.read_text().strip()  # no round ever opened
     notices = [m for m in recorder.snapshot() if m.payload]
     assert all(signer_of(m.payload, keys) == "coordinator" for m in notices)
     reasons = {decode_wire(m.payload, Notice).reason for m in notices}

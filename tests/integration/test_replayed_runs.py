@@ -17,6 +17,8 @@ Every signature verifies: what stops them is the run's epoch (agents) and the ag
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -112,8 +114,15 @@ def test_an_earlier_runs_genuine_messages_replayed_change_nothing(tmp_path: Path
         run_b.start_agents()
         wait_until(lambda: any(a.announcement.run_id == b_id and a.announcement.round == 3
                                for a in wire.announcements()), 180, "run B's round 3")
-        replay(mosquitto.url, [(TOPICS.rounds_current, last_round, True), (TOPICS.coordinator_status, finished, True),
-                               (TOPICS.agent_status("phone-0"), agent_a_status, True)])
+        # B's coordinator is paused while they land: it cannot finish the run (nor publish its "finished", which
+        # the agents exit on) before every agent was sent the replays, and the broker delivers in order.
+        os.kill(run_b.coordinator.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+        try:
+            replay(mosquitto.url, [(TOPICS.rounds_current, last_round, True),
+                                   (TOPICS.coordinator_status, finished, True),
+                                   (TOPICS.agent_status("phone-0"), agent_a_status, True)])
+        finally:
+            os.kill(run_b.coordinator.pid, signal.SIGCONT)  # type: ignore[arg-type]
         rounds = wait_for_rounds(run_b, ROUNDS + 1, 300, path=b_dir / "rounds.jsonl")
         assert_agents_exit_cleanly(run_b, 60)  # once B finished, not before
         wait_until(lambda: metric(scrape(port), "fl_messages_rejected_total", kind="agent_status",
