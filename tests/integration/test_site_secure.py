@@ -12,7 +12,7 @@ import pytest
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, FleetSpec
-from protocol.messages import RoundAnnouncement
+from protocol.messages import GlobalState, RoundAnnouncement
 from protocol.partials import PartialAggregate
 from protocol.topics import Topics
 from tests.integration.sites import bridge_settings, enroll_site, site_process
@@ -63,3 +63,54 @@ def test_a_site_serves_its_agents_secure_session_and_only_the_unmasked_sum_cross
     assert not by_round[1].secure and by_round[1].proposal  # the bootstrap: seeded weights, in the clear
     assert by_round[2].secure and by_round[2].count == 3 and not by_round[2].sums, by_round[2]
     assert all(o.outcome == "accepted" and o.weight == 0 for o in by_round[2].outcomes.values())
+
+
+def test_secure_fedproto_at_a_site_masks_two_families_in_one_session_behind_the_bridge(
+        tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
+    """FedProto, secure from round 1: the site's Raspberry Pis and phone (two model families) share one session,
+    relayed on both families' topics at the site; one secure partial per round crosses the bridge, naming agents of
+    both families, and the root publishes prototypes learned from all of them."""
+    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
+                                  settings=bridge_settings(mosquitto, FEDERATION)).start()
+    agents = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
+    fleet = Fleet(tmp_path / "run", site_broker.url, FleetSpec(agents=agents, alpha=1.0), {
+        "broker_url": mosquitto.url, "algorithm": "fedproto", "rounds": ROUNDS, "min_available_agents": 3,
+        "min_fit_agents": 3, "local_epochs": 1, "round_deadline_s": 120, "secure_aggregation": True,
+        "secagg_stage_s": 30.0, "max_norm_ratio": 0, "claim_cap_multiple": 0},
+        federation=FEDERATION)
+    site_dir = tmp_path / "run" / "sites"
+    site = site_process(fleet, site_broker, "s1", site_dir)
+    at_site = WireRecorder(site_broker.url, f"fl/{FEDERATION}/#", client_id="site-wire").start()
+    try:
+        fleet.start_coordinator()
+        enroll_site(fleet, "s1", site_dir)
+        site.start()
+        fleet.start_agents()
+        rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)
+    finally:
+        at_site.stop()
+        fleet.stop()
+        site.terminate()
+        site_broker.stop()
+    assert_all_completed(rounds, ROUNDS + 1)
+    trained = [r for r in rounds if r["task"] == "train"]
+    assert [r["answered"] for r in trained] == [3, 3], trained
+    assert all(r["secure"]["sites"] == {"s1/cnn_small": {"roster": 3, "summed": True}} for r in trained), trained
+    topics = Topics(FEDERATION)
+    seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]
+    assert not [m.topic for parsed, m in seen if parsed.kind in ("update", "secagg", "secagg_relay", "secagg_inbox")], \
+        "an agent's update, stage or relay crossed the bridge"
+    relayed = {parsed.family for parsed, m in ((topics.parse(m.topic), m) for m in at_site.snapshot())
+               if parsed.kind == "secagg_relay" and m.payload}
+    assert relayed == {"cnn_small", "mlp_tiny"}  # the one session's keys and unmasking, on both families' topics
+    partials = [decode_wire(m.payload, PartialAggregate) for parsed, m in seen if parsed.kind == "partial"]
+    # One per training round (the session's), then the evaluation round's, one per family, in the clear.
+    assert sorted((p.round, p.family) for p in partials) == [
+        (1, "cnn_small"), (2, "cnn_small"), (3, "cnn_small"), (3, "mlp_tiny")]
+    for partial in (p for p in partials if p.round <= ROUNDS):
+        assert partial.secure and partial.family == "cnn_small" and partial.count == 3, partial
+        assert set(partial.outcomes) == {"rpi-0", "rpi-1", "phone-2"} and partial.prototype_sums is None
+    states = [decode_wire(m.payload, GlobalState) for parsed, m in seen if parsed.kind == "global_state" and m.payload]
+    last = max((s for s in states if s.family == "mlp_tiny"), key=lambda s: s.round)
+    assert last.round == ROUNDS + 1 and last.prototypes is not None and last.prototype_counts is not None
+    assert int(last.prototype_counts.sum()) > 0
