@@ -370,9 +370,6 @@ def demo(
         raise typer.BadParameter("secure aggregation releases only sums: it needs --aggregator mean", param_hint="--secure")
     if sites and aggregator != AggregatorKind.mean:
         raise typer.BadParameter("the demo's site aggregators fold under the mean", param_hint="--sites")
-    if sites and secure and algorithm.value == "fedproto":
-        raise typer.BadParameter("site aggregators fold fedproto in the clear only (a secure round's one FedProto "
-                                 "session spans every family)", param_hint="--sites")
     try:
         parse_delay(stragglers, "cpu")
     except ValueError as exc:
