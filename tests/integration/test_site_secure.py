@@ -16,7 +16,7 @@ from protocol.messages import GlobalState, RoundAnnouncement
 from protocol.partials import PartialAggregate
 from protocol.topics import Topics
 from tests.integration.sites import bridge_settings, enroll_site, site_process
-from tests.integration.wire import WireRecorder, assert_all_completed, decode_wire, wait_for_rounds
+from tests.integration.wire import Seen, WireRecorder, assert_all_completed, decode_wire, wait_for_rounds
 
 pytestmark = pytest.mark.integration
 
@@ -24,28 +24,36 @@ FEDERATION = "securesites"
 ROUNDS = 2
 
 
-def test_a_site_serves_its_agents_secure_session_and_only_the_unmasked_sum_crosses_the_bridge(
-        tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
-    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
-                                  settings=bridge_settings(mosquitto, FEDERATION)).start()
-    agents = [AgentSpec(f"rpi-{i}", "rpi", i) for i in range(3)]
-    fleet = Fleet(tmp_path / "run", site_broker.url, FleetSpec(agents=agents, alpha=1.0), {
-        "broker_url": mosquitto.url, "rounds": ROUNDS, "min_available_agents": 3, "min_fit_agents": 3,
-        "local_epochs": 1, "round_deadline_s": 120, "secure_aggregation": True, "secagg_stage_s": 30.0,
-        "max_norm_ratio": 0, "claim_cap_multiple": 0},
-        federation=FEDERATION)
+SECURE = {"rounds": ROUNDS, "min_available_agents": 3, "min_fit_agents": 3, "local_epochs": 1, "round_deadline_s": 120,
+          "secure_aggregation": True, "secagg_stage_s": 30.0, "max_norm_ratio": 0, "claim_cap_multiple": 0}
+
+
+def run_at_a_site(tmp_path: Path, root: MosquittoBroker, agents: list[AgentSpec],
+                  **settings: object) -> tuple[list[dict], list[Seen]]:
+    """A root coordinator (``SECURE`` and ``settings``), one site s1 behind a bridged broker holding ``agents``, run
+    to the end: the rounds it logged, and what was seen on the site's broker."""
+    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker", settings=bridge_settings(root, FEDERATION)).start()
+    fleet = Fleet(tmp_path / "run", site_broker.url, FleetSpec(agents=agents, alpha=1.0),
+                  {"broker_url": root.url, **SECURE, **settings}, federation=FEDERATION)
     site_dir = tmp_path / "run" / "sites"
     site = site_process(fleet, site_broker, "s1", site_dir)
+    at_site = WireRecorder(site_broker.url, f"fl/{FEDERATION}/#", client_id="site-wire").start()
     try:
         fleet.start_coordinator()
         enroll_site(fleet, "s1", site_dir)
         site.start()
         fleet.start_agents()
-        rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)
+        return wait_for_rounds(fleet, ROUNDS + 1, 300), at_site.snapshot()
     finally:
+        at_site.stop()
         fleet.stop()
         site.terminate()
         site_broker.stop()
+
+
+def test_a_site_serves_its_agents_secure_session_and_only_the_unmasked_sum_crosses_the_bridge(
+        tmp_path: Path, mosquitto: MosquittoBroker, recorder: WireRecorder) -> None:
+    rounds, _ = run_at_a_site(tmp_path, mosquitto, [AgentSpec(f"rpi-{i}", "rpi", i) for i in range(3)])
     assert_all_completed(rounds, ROUNDS + 1)
     trained = [r for r in rounds if r["task"] == "train"]
     assert [r["answered"] for r in trained] == [3, 3], trained
@@ -70,28 +78,8 @@ def test_secure_fedproto_at_a_site_masks_two_families_in_one_session_behind_the_
     """FedProto, secure from round 1: the site's Raspberry Pis and phone (two model families) share one session,
     relayed on both families' topics at the site; one secure partial per round crosses the bridge, naming agents of
     both families, and the root publishes prototypes learned from all of them."""
-    site_broker = MosquittoBroker(workdir=tmp_path / "site-broker",
-                                  settings=bridge_settings(mosquitto, FEDERATION)).start()
     agents = [AgentSpec("rpi-0", "rpi", 0), AgentSpec("rpi-1", "rpi", 1), AgentSpec("phone-2", "phone", 2)]
-    fleet = Fleet(tmp_path / "run", site_broker.url, FleetSpec(agents=agents, alpha=1.0), {
-        "broker_url": mosquitto.url, "algorithm": "fedproto", "rounds": ROUNDS, "min_available_agents": 3,
-        "min_fit_agents": 3, "local_epochs": 1, "round_deadline_s": 120, "secure_aggregation": True,
-        "secagg_stage_s": 30.0, "max_norm_ratio": 0, "claim_cap_multiple": 0},
-        federation=FEDERATION)
-    site_dir = tmp_path / "run" / "sites"
-    site = site_process(fleet, site_broker, "s1", site_dir)
-    at_site = WireRecorder(site_broker.url, f"fl/{FEDERATION}/#", client_id="site-wire").start()
-    try:
-        fleet.start_coordinator()
-        enroll_site(fleet, "s1", site_dir)
-        site.start()
-        fleet.start_agents()
-        rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)
-    finally:
-        at_site.stop()
-        fleet.stop()
-        site.terminate()
-        site_broker.stop()
+    rounds, at_site = run_at_a_site(tmp_path, mosquitto, agents, algorithm="fedproto")
     assert_all_completed(rounds, ROUNDS + 1)
     trained = [r for r in rounds if r["task"] == "train"]
     assert [r["answered"] for r in trained] == [3, 3], trained
@@ -100,7 +88,7 @@ def test_secure_fedproto_at_a_site_masks_two_families_in_one_session_behind_the_
     seen = [(topics.parse(m.topic), m) for m in recorder.snapshot()]
     assert not [m.topic for parsed, m in seen if parsed.kind in ("update", "secagg", "secagg_relay", "secagg_inbox")], \
         "an agent's update, stage or relay crossed the bridge"
-    relayed = {parsed.family for parsed, m in ((topics.parse(m.topic), m) for m in at_site.snapshot())
+    relayed = {parsed.family for parsed, m in ((topics.parse(m.topic), m) for m in at_site)
                if parsed.kind == "secagg_relay" and m.payload}
     assert relayed == {"cnn_small", "mlp_tiny"}  # the one session's keys and unmasking, on both families' topics
     partials = [decode_wire(m.payload, PartialAggregate) for parsed, m in seen if parsed.kind == "partial"]
