@@ -77,13 +77,13 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     chosen = set(selected)  # once: the pool may hold 50,000 agents and a round select 10,000
     families = {r.status.family for r in pool if r.agent_id in chosen}
     announcement = announce(parts, run, number, task, selected, families)
-    if parts.secure is not None:  # a secure round declares its sessions (coordinator/round/secure.py)
-        announcement = parts.secure.plan(parts, announcement, {r.agent_id: r for r in pool if r.agent_id in chosen})
     claims = [r.status.num_samples for r in pool if r.agent_id in chosen]
     median_claim = float(statistics.median_low(claims)) if claims else None  # of two claims, the lower
     if median_claim is not None and s.claim_cap_multiple > 0:  # what sites must cap their agents at too
         announcement = announcement.model_copy(update={"claim_cap": median_cap(median_claim, s.claim_cap_multiple,
                                                                                s.max_samples_per_update)})
+    if parts.secure is not None:  # a secure round declares its sessions (coordinator/round/secure.py), capped as above
+        announcement = parts.secure.plan(parts, announcement, {r.agent_id: r for r in pool if r.agent_id in chosen})
     plain = encode_message(announcement)
     payload = parts.publisher.sealed(plain)
     run.open = OpenRound(announcement, payload, now + s.round_deadline_s, now, wanted, median_claim=median_claim)

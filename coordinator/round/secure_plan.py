@@ -92,7 +92,7 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
     for key, agents in sorted(groups.items(), key=lambda item: (item[0][0] or "", item[0][1])):
         where = f"{names[key]}{f' at site {key[0]}' if key[0] else ''}"
         session = _session(s, agents, records, levels, prototypes, states, controls, where, announcement.round,
-                           skipped)
+                           skipped, announcement.claim_cap)
         if session is not None:
             sessions[key] = session
     control_clip = s.secagg_control_clip if any(controls.get(f) for _, f in sessions) else None
@@ -131,9 +131,11 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
 def _session(s: CoordinatorSettings, agents: list[str], records: Mapping[str, AgentRecord], levels: int,
              prototypes: tuple[int, int] | None, states: Mapping[str, FamilyState],
              controls: Mapping[str, Mapping[str, object] | None], where: str, round_number: int,
-             skipped: list[str]) -> SecureFamily | None:
+             skipped: list[str], claim_cap: int | None = None) -> SecureFamily | None:
     """One session of ``agents`` (one family's, or FedProto's across families); None when it sits out (``skipped``
-    says why)."""
+    says why). Its weight cap is the median of its own claims times ``claim_cap_multiple``, and never past the
+    round's ``claim_cap`` (the median over every selected agent): a site reports its agents' claims, and must not
+    set the cap its own sum is bounded by."""
     n = len(agents)
     degree = max(min(s.secagg_degree or default_degree(max(n, 2)), n - 1), 1)
     degree -= degree % 2 if degree < n - 1 else 0  # below n - 1 a Harary graph needs an even degree
@@ -148,6 +150,8 @@ def _session(s: CoordinatorSettings, agents: list[str], records: Mapping[str, Ag
     cap = min(claims[-1], s.max_samples_per_update)
     if s.claim_cap_multiple:
         cap = min(cap, math.ceil(claims[n // 2] * s.claim_cap_multiple))
+    if claim_cap is not None:
+        cap = min(cap, claim_cap)
     family = records[agents[0]].status.family
     length = (prototype_length(*prototypes) if prototypes is not None
               else vector_length(states[family].weights, controls[family]))  # type: ignore[arg-type]

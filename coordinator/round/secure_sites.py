@@ -109,20 +109,28 @@ def check_secure_partial(partial: PartialAggregate, session: SecureFamily | None
     return None
 
 
+def claimed(parts: EngineParts, agent_id: str) -> int:
+    """The samples ``agent_id`` may count for: its status's claim (a site's agents': as the site's roster reports it),
+    never past its enrolled ``max_samples`` nor ``max_samples_per_update``; 0 for an agent not known here."""
+    record = parts.registry.get(agent_id)
+    if record is None:
+        return 0
+    own = parts.enrollment.max_samples_of(agent_id) if parts.enrollment is not None else None
+    return min(record.status.num_samples, own or parts.settings.max_samples_per_update,
+               parts.settings.max_samples_per_update)
+
+
 def weight_range(parts: EngineParts, survivors: set[str], cap: int) -> tuple[float, float]:
     """(least, most) total weight (session units) honest ``survivors`` mask: at least 1 / cap for each whose status
-    reports a sample (an agent with none masks 0), at most min(samples, cap) / cap each, samples as its status
-    reports them."""
-    held = [record.status.num_samples if (record := parts.registry.get(agent_id)) is not None else 0
-            for agent_id in survivors]
+    reports a sample (an agent with none masks 0), at most min(samples, cap) / cap each (``claimed``)."""
+    held = [claimed(parts, agent_id) for agent_id in survivors]
     return sum(1 for n in held if n > 0) / cap, sum(min(n, cap) for n in held) / cap
 
 
 def most_counted(parts: EngineParts, survivors: set[str], cap: int, classes: int) -> float:
-    """FedProto: the most samples (count units) ``survivors`` can count over every class: each at most its status's
-    samples, and at most ``cap`` in each class."""
-    return float(sum(min(record.status.num_samples, classes * cap) for agent_id in survivors
-                     if (record := parts.registry.get(agent_id)) is not None))
+    """FedProto: the most samples (count units) ``survivors`` can count over every class: each at most its claim
+    (``claimed``), and at most ``cap`` in each class."""
+    return float(sum(min(claimed(parts, agent_id), classes * cap) for agent_id in survivors))
 
 
 def plausible_sum(sums: Mapping[str, Mapping[str, np.ndarray]], weight: float, weights: tuple[float, float],
@@ -175,6 +183,9 @@ def plausible_prototypes(sums: np.ndarray, counts: np.ndarray, most: float, coun
         return "its prototype sums are not finite"
     if float(counts.min(initial=0.0)) < -count_slack or float(counts.sum()) > most + len(counts) * count_slack:
         return f"its classes count {float(counts.sum()):.6g} samples, its survivors at most {most:.6g}"
+    per_class = count * session.weight_cap + count_slack  # each survivor counts at most the cap in any one class
+    if float(counts.max(initial=0.0)) > per_class:
+        return f"a class counts {float(counts.max()):.6g} samples, {count} survivors at most {per_class:.6g} in one"
     rows = np.abs(sums).max(axis=1, initial=0.0)
     if not (rows <= (np.maximum(counts, 0.0) + count_slack) * setup.clip + unit).all():
         return "a class's prototype sum exceeds its count x clip"

@@ -49,7 +49,13 @@ def apply_partial(parts: EngineParts, run: RunState, inbound: PartialIn) -> None
         return
     assert run.open is not None
     accepted = {a: o for a, o in partial.outcomes.items() if o.outcome == "accepted"}
-    session = expected(run.open.announcement.secure).get((site, partial.family))
+    session = expected(setup).get((site, partial.family))
+    held = setup.sites.get(site) if setup is not None else None
+    if session is None and held is not None and partial.family in held.families:  # FedProto's, under another name
+        refuse(parts, run, site, Reject(RejectReason.SECURE_ONLY, f"round {partial.round} gave site {site} one secure "
+                                                                  f"session of {', '.join(sorted(held.families))}: "
+                                                                  f"its ring sum goes under the first"))
+        return
     if partial.secure or session is not None:  # a site's unmasked SecAgg+ sum: read back against the state held here
         problem = check_secure_partial(partial, session)
         if problem is None and partial.count:
@@ -186,15 +192,15 @@ def _place(parts: EngineParts, run: RunState, held: HeldSums) -> None:
 def _fold_prototypes(parts: EngineParts, announcement: RoundAnnouncement, partial: PartialAggregate,
                      counted: dict[str, int]) -> Reject | None:
     """A site's FedProto sums to the strategy; why they cannot be, or None. Shaped as the task's prototypes, in a
-    round that is not secure (its one FedProto session spans every family: a site's plain sums would stand outside
-    it), counting no more samples than its accepted agents may count for here (``counted``: each one's samples, at
+    round that is not secure (a secure round's sums come masked, in the site's session: plain ones would stand
+    outside it), counting no more samples than its accepted agents may count for here (``counted``: each one's samples, at
     most the round's claim cap), and with a finite float32 mean per class: one lying site moves a class's prototype
     by no more than its agents' capped samples would."""
     sums, counts = partial.prototype_sums, partial.prototype_counts
     assert sums is not None and counts is not None
     if announcement.secure is not None:
-        return Reject(RejectReason.BAD_PARTIAL, "prototype sums in a secure round, whose FedProto session runs at the "
-                                                "root")
+        return Reject(RejectReason.BAD_PARTIAL, "prototype sums in the clear in a secure round, whose FedProto "
+                                                "sessions send ring sums")
     card = parts.task.card
     if sums.shape != (card.num_classes, card.embedding_dim):
         return Reject(RejectReason.BAD_PARTIAL, f"prototype sums are {list(sums.shape)}, the task's prototypes "

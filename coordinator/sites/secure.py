@@ -134,8 +134,9 @@ class SiteSecureRound:
         return []
 
     def partials(self, run_id: str, site_id: str, claims: dict[str, int], bytes_in: int) -> list[PartialAggregate]:
-        """One secure partial per family: the unmasked ring sum and its survivors; an unfinished or failed session
-        sends none (its agents rejected, or stragglers when the round moved on before it finished)."""
+        """One secure partial per session (FedProto's: under its first family's name, ``grouped_sessions``): the
+        unmasked ring sum and its survivors; an unfinished or failed session sends none (its agents rejected, or
+        stragglers when the round moved on before it finished)."""
         out = []
         for family, session in sorted(self.sessions.items()):
             ref = self.announcement.states.get(family)

@@ -75,7 +75,8 @@ class SecureNoise(WireModel):
 class SiteSessions(WireModel):
     """In ``SecureSetup.sites``: the sessions a site aggregator serves for its own agents (docs/deploying-sites.md).
     Its agents' stages stay on the site's broker; the site relays for them, signed with ``key``, and sends the root
-    one partial per family with the unmasked sum (``PartialAggregate.secure``)."""
+    one partial per session with the unmasked sum (``PartialAggregate.secure``): per family, or under FedProto one
+    session across its agents' families (the same ``SecureFamily`` under each name), sent under the first name."""
 
     key: Key | None = None
     """The site aggregator's Ed25519 public key, enrolled at the root: agents take its relays signed by it alone

@@ -15,7 +15,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.sites.engine import SiteEngine
 from coordinator.strategies.fedproto import aggregate_prototypes
 from protocol.messages import GlobalState, RoundAnnouncement, TrainMetrics, Update
-from protocol.partials import PartialAggregate
+from protocol.partials import AgentOutcome, PartialAggregate
 from protocol.secagg.vector import quantiser
 from protocol.wire import decode_message, encode_message
 from tests.task_refs import DIGITS
@@ -202,32 +202,45 @@ SECURE_PROTO = {**PROTO, "secure_aggregation": True, "secagg_prototype_clip": 4.
                 "round_deadline_s": 30.0}
 
 
+def secure_federation(tmp_path: Path, layout: dict[str, list[str]] = SECURE_SITES,
+                      claims: dict[str, int] = SAMPLES, **overrides: object):  # type: ignore[no-untyped-def]
+    """Root and sites (test_site_secure's ``Federation``) under secure FedProto; ``claims``: the samples each site's
+    roster reports for its agents. Round 1 announced, keys and bundles relayed: (the federation, the announcement)."""
+    from tests.unit.coordinator.test_site_secure import Federation
+
+    at_sites = {k: v for k, v in PROTO.items() if k in ("algorithm", "proto_momentum", "max_norm_ratio", "rounds")}
+    fed = Federation(tmp_path, layout, FAMILIES, claims, at_sites, **{**SECURE_PROTO, **overrides})
+    ann = fed.announce()
+    for participant in fed.agents.values():
+        participant.begin(ann)
+    fed.pump()
+    return fed, ann
+
+
+def mask_all(fed, ann: RoundAnnouncement, sent: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:  # type: ignore[no-untyped-def]
+    """Every agent's prototypes and counts into its secure participant: masked on the device, never sent plain."""
+    for agent, (prototypes, counts) in sent.items():
+        update = Update(run_id=ann.run_id, agent_id=agent, round=ann.round, task="train", task_ref=DIGITS,
+                        family=FAMILIES[agent], base_digest=None, num_samples=SAMPLES[agent],
+                        metrics=TrainMetrics(eval_accuracy=0.5, eval_loss=1.0, num_eval_samples=2),
+                        prototypes=prototypes, prototype_counts=counts)
+        assert fed.agents[agent].takes(update)
+
+
 def test_secure_fedproto_behind_sites_gives_the_plain_prototypes_of_every_agent(tmp_path: Path) -> None:
     """Each site runs one session across its agents' families (relayed on each family's topic) and sends its
     unmasked per-class sums up under its first family's name; the root adds the sites' sums: the global prototypes
     are plain FedProto's over all seven agents, within the grid. Neither the root nor a site sees one agent's."""
     from tests.unit.coordinator.test_secure_fedproto import CLIP, plain_prototypes
-    from tests.unit.coordinator.test_site_secure import Federation
 
-    at_sites = {k: v for k, v in PROTO.items() if k in ("algorithm", "proto_momentum", "claim_cap_multiple",
-                                                         "max_norm_ratio", "rounds")}
-    fed = Federation(tmp_path, SECURE_SITES, FAMILIES, SAMPLES, at_sites, **SECURE_PROTO)
-    ann = fed.announce()
+    fed, ann = secure_federation(tmp_path)
     assert ann.round == 1 and ann.secure is not None and not ann.secure.families  # every session is a site's
     for site_id, agents in SECURE_SITES.items():
         held = ann.secure.sites[site_id].families
         assert sorted(held) == ["cnn_large", "mlp_tiny"] and held["cnn_large"] == held["mlp_tiny"]
         assert sorted(held["cnn_large"].roster) == sorted(agents)
-    for participant in fed.agents.values():
-        participant.begin(ann)
-    fed.pump()  # keys and bundles, relayed by each site on both families' topics
     sent = local_prototypes(1)
-    for agent, (prototypes, counts) in sent.items():
-        update = Update(run_id=ann.run_id, agent_id=agent, round=1, task="train", task_ref=DIGITS,
-                        family=FAMILIES[agent], base_digest=None, num_samples=SAMPLES[agent],
-                        metrics=TrainMetrics(eval_accuracy=0.5, eval_loss=1.0, num_eval_samples=2),
-                        prototypes=prototypes, prototype_counts=counts)
-        assert fed.agents[agent].takes(update)  # masked on the device, never sent plain
+    mask_all(fed, ann, sent)
     fed.pump()
     secured = sorted((p.site_id, p.family, p.secure, p.count) for p in fed.partials if p.round == 1)
     assert secured == [("s1", "cnn_large", True, 3), ("s2", "cnn_large", True, 4)]
@@ -248,36 +261,62 @@ def test_secure_fedproto_behind_sites_gives_the_plain_prototypes_of_every_agent(
     assert fed.root.run.next_round == 2
 
 
-def test_a_site_s_secure_prototype_sums_past_its_agents_counts_are_refused(tmp_path: Path) -> None:
-    """A site that adds count to a class on the way up (its ring sum edited, as a lying site would) is caught by
-    the same plausibility check the root's own session gets, and the round does not take its sum."""
-    from tests.unit.coordinator.test_site_secure import Federation
-
-    at_sites = {k: v for k, v in PROTO.items() if k in ("algorithm", "proto_momentum", "claim_cap_multiple",
-                                                         "max_norm_ratio", "rounds")}
-    fed = Federation(tmp_path, SECURE_SITES, FAMILIES, SAMPLES, at_sites, **SECURE_PROTO)
-    ann = fed.announce()
-    for participant in fed.agents.values():
-        participant.begin(ann)
-    fed.pump()
-    for agent, (prototypes, counts) in local_prototypes(1).items():
-        assert fed.agents[agent].takes(Update(
-            run_id=ann.run_id, agent_id=agent, round=1, task="train", task_ref=DIGITS, family=FAMILIES[agent],
-            base_digest=None, num_samples=SAMPLES[agent], metrics=TrainMetrics(), prototypes=prototypes,
-            prototype_counts=counts))
+def test_a_site_inflating_its_agents_claims_and_its_secure_sum_is_capped_and_refused(tmp_path: Path) -> None:
+    """s2 reports 5,000 samples for each of its three agents (its roster is its word) and adds 10,000 samples of
+    class 0 to its unmasked sum on the way up. Its session's cap is the round's (the median over every selected
+    agent), not the median of its own claims: at that cap its ring cannot hold the lie (at the site's own median,
+    5,000, it could, and the root took it: found in review), the sum reads back as more than its agents may count,
+    and is refused; the round completes at its deadline on s1's sum alone."""
+    layout = {"s1": ["a", "b", "d", "e"], "s2": ["c", "g", "h"]}
+    fed, ann = secure_federation(tmp_path, layout, {**SAMPLES, "c": 5000, "g": 5000, "h": 5000},
+                                 claim_cap_multiple=1.0)
+    assert ann.secure is not None and ann.claim_cap is not None
+    s2 = ann.secure.sites["s2"].families["cnn_large"]
+    assert s2.weight_cap <= ann.claim_cap < 5000
+    sent = local_prototypes(1)
+    mask_all(fed, ann, sent)
     held: dict[str, tuple[str, bytes]] = {}
     fed.run_sites(held)
     topic, payload = held["s2"]
     partial = decode_message(payload, PartialAggregate)
     assert partial.ring_sum is not None
-    ring = partial.ring_sum.copy()
-    ring[-1] += np.uint32(10**8)  # the last class's count, far past what s2's agents hold
-    fed.root.on_message(topic, encode_message(partial.model_copy(update={"ring_sum": ring})))
+    classes, dim = sent["a"][0].shape
+    ring = partial.ring_sum.astype(np.int64)
+    ring[classes * dim] += round(10_000 * ann.secure.clip / s2.weight_cap * quantiser(ann.secure, s2).scale)
     fed.root.on_message(*held["s1"])
-    fed.clock.now += 100
+    fed.root.on_message(topic, encode_message(partial.model_copy(update={"ring_sum": (ring % 2**32).astype("<u4")})))
     fed.root.tick()
     assert rejected(fed.metrics, "bad_partial", "partial") == 1
-    assert fed.root.last_summary.secure["sites"]["s2/cnn_large"]["summed"] is False
+    fed.clock.now += 41  # past the deadline and the wait for sites (30 + 2 x 5 s): s2's agents never counted
+    fed.root.tick()
+    summary = fed.root.last_summary
+    assert (summary.round, summary.outcome, summary.answered) == (1, "completed", 4), summary
+    assert summary.secure["sites"]["s2/cnn_large"]["summed"] is False
+    fed.announce()  # round 2 opens with the prototypes round 1 made
+    published = decode_message(fed.outbox.last(TOPICS.global_state("cnn_large", 2)), GlobalState)
+    assert published.prototype_counts is not None
+    assert published.prototype_counts.tolist() == sum(sent[a][1] for a in layout["s1"]).tolist()
+
+
+def test_a_plain_partial_under_the_session_s_second_family_is_refused(tmp_path: Path) -> None:
+    """The root waits for a site's FedProto session under its first family's name; a plain partial under another
+    of its names (s1's mlp_tiny agents "accepted", no sum) is refused as ``secure_only``, and the site's real sum is
+    still taken (found in review: it was taken on the plain path and settled d and e unsummed)."""
+    fed, ann = secure_federation(tmp_path)
+    mask_all(fed, ann, local_prototypes(1))
+    held: dict[str, tuple[str, bytes]] = {}
+    fed.run_sites(held)
+    lie = PartialAggregate(run_id=ann.run_id, site_id="s1", round=ann.round, family="mlp_tiny", base_digest=None,
+                           total_weight=0.0, count=0,
+                           outcomes={a: AgentOutcome(outcome="accepted", samples=SAMPLES[a]) for a in ("d", "e")})
+    fed.root.on_message(TOPICS.partial("s1", ann.round), encode_message(lie))
+    assert rejected(fed.metrics, "secure_only", "partial") == 1
+    fed.root.on_message(*held["s1"])
+    fed.root.on_message(*held["s2"])
+    fed.root.tick()
+    summary = fed.root.last_summary
+    assert (summary.round, summary.answered) == (1, 7), summary
+    assert all(account["summed"] for account in summary.secure["sites"].values()), summary.secure
 
 
 def test_a_site_counts_its_agents_for_no_more_than_the_round_s_claim_cap(tmp_path: Path) -> None:
