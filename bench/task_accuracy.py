@@ -304,12 +304,16 @@ def scaffold_goals(plan: Plan, results: dict[str, ScenarioResult]) -> list[tuple
     scaffold = [results[pair_key("scaffold", s)].accuracy for s in seeds]
     mean_f, mean_s = sum(fedavg) / len(seeds), sum(scaffold) / len(seeds)
     each = ", ".join(f"s{s} {a:.2%} vs {b:.2%}" for s, a, b in zip(seeds, scaffold, fedavg, strict=True))
-    falls = [largest_late_fall(results[pair_key("scaffold", s)].curve) for s in seeds]
+    out = [(mean_s >= mean_f, f"SCAFFOLD at or above FedAvg at Dir(0.1), mean over {len(seeds)} seed(s): "
+                              f"{mean_s:.2%} vs {mean_f:.2%} ({(mean_s - mean_f) * 100:+.2f} points; {each})")]
+    curves = [results[pair_key("scaffold", s)].curve for s in seeds]
+    if all(len(curve) <= 10 for curve in curves):  # no round after the tenth (a quick run): nothing to judge
+        return out
+    falls = [largest_late_fall(curve) for curve in curves]
     listed = ", ".join(f"s{s} {f * 100:.2f}" for s, f in zip(seeds, falls, strict=True))
-    return [(mean_s >= mean_f, f"SCAFFOLD at or above FedAvg at Dir(0.1), mean over {len(seeds)} seed(s): "
-                               f"{mean_s:.2%} vs {mean_f:.2%} ({(mean_s - mean_f) * 100:+.2f} points; {each})"),
-            (max(falls) <= GOAL_SCAFFOLD_DROP, f"SCAFFOLD at Dir(0.1) after round 10: no round-to-round drop over "
-                                               f"{GOAL_SCAFFOLD_DROP * 100:.0f} points in any seed: largest {listed}")]
+    return out + [(max(falls) <= GOAL_SCAFFOLD_DROP, f"SCAFFOLD at Dir(0.1) after round 10: no round-to-round drop "
+                                                     f"over {GOAL_SCAFFOLD_DROP * 100:.0f} points in any seed: "
+                                                     f"largest {listed}")]
 
 
 def _proto_name(algorithm: str, hyper: dict[str, Any]) -> str:
