@@ -68,9 +68,13 @@ def run_federation(coordinator: CoordinatorSettings, agents: list[AgentSettings]
             on_round_closed(summary, engine)
 
         service.driver.on_round_closed = observe
-    tasks = {name: resolve_task(name) for name in {a.task for a in agents}}  # once, not once per agent
-    fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False, collusion=collusion,
-                         task=tasks[a.task]) for a in agents]
+    try:
+        tasks = {name: resolve_task(name) for name in {a.task for a in agents}}  # once, not once per agent
+        fleet = [build_agent(a.model_copy(update={"exit_when_finished": True}), set_threads=False,
+                             collusion=collusion, task=tasks[a.task]) for a in agents]
+    except BaseException:
+        service.close()  # never to run: its state directory and port are free again
+        raise
     stop = threading.Event()
     started = time.perf_counter()
     coordinator_thread = threading.Thread(target=service.run, args=(stop,), name="coordinator", daemon=True)

@@ -23,10 +23,11 @@ class StateDirUnusable(ValueError):
 
 
 class StateDirClaim:
+    _fd: int | None = None  # set before anything can fail: ``__del__`` runs on a half-built claim too
+
     def __init__(self, root: Path, holder: str = "agent",
                  why: str = "two agents sharing one would overwrite each other's privacy budget and state") -> None:
         path = root / LOCK_FILE
-        self._fd: int | None = None
         try:
             root.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -34,9 +34,11 @@ def _root(version: bool = version_option("coordinator")) -> None:
 def _serve(log_level: str, service: Callable[[], Any]) -> int:
     """Log at ``log_level`` and run the service ``service()`` builds until SIGTERM or SIGINT (or it ends)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from service_kit.state_claim import StateDirInUse, StateDirUnusable
+
     try:
         built = service()
-    except ValueError as exc:  # a state directory another process holds or none can write, alike
+    except (StateDirInUse, StateDirUnusable) as exc:  # what the operator fixes: one line, not a traceback
         typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
     stop = threading.Event()

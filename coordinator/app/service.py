@@ -75,6 +75,12 @@ class CoordinatorService:
         self.http = HealthServer(settings.http_host, settings.http_port, self.metrics.registry,
                                  self._healthy, self._ready)
 
+    def close(self) -> None:
+        """Let go of what the constructor took (the state directory's claim, the HTTP port), for a service that
+        will not run; ``run`` does it when it ends."""
+        self._claim.release()
+        self.http.stop()
+
     # Outbox for the driver
     def publish(self, topic: str, payload: bytes, *, retain: bool) -> None:
         assert self._link is not None

@@ -110,14 +110,12 @@ def check_secure_partial(partial: PartialAggregate, session: SecureFamily | None
 
 
 def claimed(parts: EngineParts, agent_id: str) -> int:
-    """The samples ``agent_id`` may count for: its status's claim (a site's agents': as the site's roster reports it),
-    never past its enrolled ``max_samples`` nor ``max_samples_per_update``; 0 for an agent not known here."""
+    """The samples ``agent_id`` masks its weight by: its status's claim (a site's agents': as the site's roster
+    reports it; the session's ``weight_cap``, at most the round's claim cap, bounds what it counts for); 0 for an
+    agent not known here. Not its enrolled ``max_samples``: the device masks min(samples, weight_cap) without
+    knowing it, and an honest round would be refused."""
     record = parts.registry.get(agent_id)
-    if record is None:
-        return 0
-    own = parts.enrollment.max_samples_of(agent_id) if parts.enrollment is not None else None
-    return min(record.status.num_samples, own or parts.settings.max_samples_per_update,
-               parts.settings.max_samples_per_update)
+    return record.status.num_samples if record is not None else 0
 
 
 def weight_range(parts: EngineParts, survivors: set[str], cap: int) -> tuple[float, float]:

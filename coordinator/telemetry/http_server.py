@@ -26,7 +26,9 @@ class HealthServer:
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        """Stop serving and free the port; also for a server never started (``shutdown`` alone would wait forever)."""
+        if self._thread.is_alive():
+            self._server.shutdown()
         self._server.server_close()
 
 

@@ -5,6 +5,9 @@ lock file; and two processes creating the signing key at once end up with one ke
 
 from __future__ import annotations
 
+import errno
+import gc
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,3 +67,61 @@ def test_processes_creating_the_signing_key_at_once_end_up_with_one_key(tmp_path
         assert set(keys) == {load_or_create_signing_key(path).public_key.key_id}, keys
         assert oct(path.stat().st_mode & 0o777) == "0o600"
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # nothing left aside
+
+
+def test_a_service_that_will_not_run_lets_its_state_dir_go_when_closed(tmp_path: Path) -> None:
+    """launcher/inprocess builds the service, then the agents: when an agent cannot be built the service is closed,
+    and the directory (and its port) is free at once, not at the next garbage collection (found in review)."""
+    CoordinatorService(settings_in(tmp_path / "state"), CollectorRegistry()).close()
+    CoordinatorService(settings_in(tmp_path / "state"), CollectorRegistry()).close()
+
+
+def test_the_command_does_not_hide_a_bug_behind_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only what the operator fixes (a directory in use or unwritable) is printed as one line; any other error at
+    construction keeps its traceback (found in review: every ValueError was reduced to a line)."""
+    import coordinator.app.service as service_module
+
+    def buggy(settings: CoordinatorSettings) -> None:
+        raise ValueError("invalid literal for int() with base 10: 'x'")
+
+    monkeypatch.setattr(service_module, "build_strategy", buggy)
+    result = CliRunner().invoke(app, ["run", "--state-dir", str(tmp_path / "state"), "--federation", "t"])
+    assert isinstance(result.exception, ValueError) and "cannot start" not in result.output
+
+
+def test_a_key_whose_copy_aside_is_removed_before_it_is_linked_is_written_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A coordinator starting on the directory removes torn writes (``.*.tmp``) while ``coordinator enroll`` creates
+    the key there: the key's copy aside vanishes between its write and its link (found in review)."""
+    from service_kit import durable
+
+    real_fsync, removed = os.fsync, []
+
+    def fsync_then_a_coordinator_starts(fd: int) -> None:
+        real_fsync(fd)
+        if not removed:
+            removed.extend(durable.remove_torn_writes(tmp_path))
+
+    monkeypatch.setattr(durable.os, "fsync", fsync_then_a_coordinator_starts)
+    key = load_or_create_signing_key(tmp_path / "coordinator_key.pem")
+    assert removed and key.public_key.key_id == load_or_create_signing_key(tmp_path / "coordinator_key.pem").public_key.key_id
+
+
+def test_without_hard_links_the_key_is_created_in_place(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service_kit import durable
+
+    def no_links(source: object, target: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(durable.os, "link", no_links)
+    key = load_or_create_signing_key(tmp_path / "coordinator_key.pem")
+    assert key.public_key.key_id == load_or_create_signing_key(tmp_path / "coordinator_key.pem").public_key.key_id
+    assert oct((tmp_path / "coordinator_key.pem").stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["coordinator_key.pem"]
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_a_claim_that_failed_to_build_is_collected_quietly() -> None:
+    with pytest.raises(TypeError):
+        StateDirClaim("not a path")  # type: ignore[arg-type]
+    gc.collect()
