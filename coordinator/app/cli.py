@@ -19,6 +19,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.sites.settings import SiteSettings
 from service_kit.cli_options import settings_command, version_option
 from service_kit.keys import load_or_create_signing_key
+from service_kit.state_claim import StateDirInUse, StateDirUnusable
 
 # Plain click layout, not rich's table: with some 70 flags, rich's fixed option column left the help
 # a sliver of an 80-column terminal and cut values off; plain text wraps and greps.
@@ -34,8 +35,6 @@ def _root(version: bool = version_option("coordinator")) -> None:
 def _serve(log_level: str, service: Callable[[], Any]) -> int:
     """Log at ``log_level`` and run the service ``service()`` builds until SIGTERM or SIGINT (or it ends)."""
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from service_kit.state_claim import StateDirInUse, StateDirUnusable
-
     try:
         built = service()
     except (StateDirInUse, StateDirUnusable) as exc:  # what the operator fixes: one line, not a traceback

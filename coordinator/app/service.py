@@ -42,7 +42,7 @@ class CoordinatorService:
     def __init__(self, settings: CoordinatorSettings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
         # Claimed before anything in it is read or written, the signing key included: a second coordinator on the
-        # directory stops here. Held until ``run`` ends (a service runs once).
+        # directory stops here. Held until ``run`` ends (a service runs once), or ``close`` for one that will not.
         self._claim = StateDirClaim(Path(settings.state_dir), "coordinator",
                                     "two coordinators on one would overwrite each other's checkpoint and rounds log")
         try:

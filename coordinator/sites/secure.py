@@ -8,8 +8,8 @@ after the announcement was issued), each agent's bundles once sharing closes (``
 the site's own deadline, the unmasked sum once every survivor revealed (or ``unmask_s`` later). Then one
 secure partial per session goes up the bridge with the unmasked ring sum (``PartialAggregate.ring_sum``), which the
 root reads back against the global state it holds (under FedProto one session holds every family's agents, relayed
-on each family's topics, and its partial goes up under its first family's name: ``grouped_sessions``): the site learns its agents' sum, the root each site's sum,
-neither one agent's input. Survivors are accepted (without a weight: the site knows only the total), the rest of
+on each family's topics, and its partial goes up under its first family's name: ``grouped_sessions``): the site
+learns its agents' sum, the root each site's sum, neither one agent's input. Survivors are accepted (without a weight: the site knows only the total), the rest of
 the roster stragglers; a session that aborts sends its agents as rejected (``secagg_refused``) with no sum.
 """
 

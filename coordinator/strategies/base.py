@@ -284,7 +284,8 @@ class Strategy(ABC):
         """
 
     def state_dict(self) -> dict[str, Any]:
-        # Bootstrap votes too: a restart must not start a family's vote over (one agent would then face fewer votes).
+        # Bootstrap votes too: a restart must not start a family's vote over (colluders answering after it would
+        # outvote honest agents slow to answer again).
         return {"families": {f: s.to_dict() for f, s in self.states.items()},
                 "votes": {f: dict(votes) for f, votes in self._votes.items() if f not in self.states}}
 
