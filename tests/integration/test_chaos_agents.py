@@ -1,19 +1,23 @@
 """Chaos: in each of 5 rounds, 30% of the agents are SIGKILLed mid-round and restarted at once.
 
-Every agent takes 2 s longer than its training (simulated phone and Pi speed), so a kill
-right after the announcement always lands before the victim answered. The restarted process
-sees the round in progress, skips it (the coordinator counted it as dropped) and rejoins at
-the next round; the round itself closes at its deadline with the other 70%.
+The victims of a round are paused (SIGSTOP) before its announcement can reach them (the coordinator
+is paused until they are), so no victim can answer before its kill, however slow the machine. The
+restarted process sees the round in progress, skips it (the coordinator counted it as dropped) and
+rejoins at the next round; the round itself closes at its deadline with the other 70%.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from launcher.broker import MosquittoBroker
-from launcher.fleet import default_fleet
+from launcher.fleet import Fleet, default_fleet
 from tests.integration.chaos import (
     CHEAP_DEVICES,
     DEADLINE_MARGIN_S,
@@ -29,6 +33,7 @@ from tests.integration.wire import (
     metric_total,
     scrape,
     wait_for_rounds,
+    wait_until,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -40,28 +45,68 @@ ROUNDS = 5
 DEADLINE_S = 15.0
 
 
+def victims_of(number: int, agents: list[str]) -> list[str]:
+    """Three different agents each round (every agent is selected: the test asserts it)."""
+    start = (VICTIMS * (number - 1)) % AGENTS
+    return [agents[(start + i) % AGENTS] for i in range(VICTIMS)]
+
+
+@contextmanager
+def paused(pid: int | None) -> Iterator[None]:
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def answered(wire: WireView, agents: list[str], number: int) -> Callable[[], bool]:
+    return lambda: {(name, number) for name in agents} <= {(a, r) for a, r, _ in wire.updates()}
+
+
+def pause_agents(fleet: Fleet, names: list[str]) -> None:
+    for name in names:
+        os.kill(fleet.agents[name].pid, signal.SIGSTOP)  # type: ignore[arg-type]
+
+
 def test_thirty_percent_of_agents_killed_every_round(tmp_path: Path, mosquitto: MosquittoBroker,
                                                      recorder: WireRecorder) -> None:
     fleet = small_fleet(tmp_path / "run", mosquitto.url, FEDERATION, default_fleet(AGENTS, CHEAP_DEVICES), {
         "rounds": ROUNDS, "round_deadline_s": DEADLINE_S,
-    }, {"straggler_delay": "constant:2"})
+    })
+    names = sorted(fleet.agents)
     wire = WireView(recorder, FEDERATION)
     killed: dict[int, list[str]] = {}
-    with fleet:
+    try:
+        fleet.start_coordinator()
+        wait_until(lambda: bool(wire.coordinator_statuses()), 120, "the coordinator's status")
+        with paused(fleet.coordinator.pid):
+            fleet.start_agents()
+            first = set(victims_of(1, names))
+            wait_until(lambda: first <= {s.agent_id for _, s in wire.agent_statuses() if s.state == "online"}, 120,
+                       "round 1's victims online")
+            pause_agents(fleet, sorted(first))
         for number in range(1, ROUNDS + 1):
             announced = wire.wait_announced(number, timeout_s=120)
-            selected = sorted(announced.announcement.selected)
-            assert len(selected) == AGENTS, f"round {number} selected {selected}"
-            start = (VICTIMS * (number - 1)) % AGENTS
-            victims = [selected[(start + i) % AGENTS] for i in range(VICTIMS)]
-            for name in victims:
-                fleet.kill_agent(name)
-            for name in victims:
-                fleet.agents[name].start()  # a reboot: same state dir, new process
-            killed[number] = victims
+            assert sorted(announced.announcement.selected) == names, f"round {number} selected too few"
+            victims = victims_of(number, names)
+            with paused(fleet.coordinator.pid):
+                for name in victims:
+                    fleet.kill_agent(name)  # paused since before the announcement: it never answered
+                for name in victims:
+                    fleet.agents[name].start()  # a reboot: same state dir, new process
+                killed[number] = victims
+                if number < ROUNDS:  # the next round's victims answer this one, then wait paused
+                    following = victims_of(number + 1, names)
+                    wait_until(answered(wire, following, number), 120,
+                               f"round {number + 1}'s victims' answers to round {number}")
+                    pause_agents(fleet, following)
         rounds = wait_for_rounds(fleet, ROUNDS + 1, timeout_s=150)
         samples = scrape(fleet.http_port)
         updates = wire.updates()
+    finally:
+        fleet.stop()
 
     figures = round_figures(rounds)
     figures["killed_per_round"] = killed
