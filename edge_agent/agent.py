@@ -42,11 +42,13 @@ from typing import Any
 
 from paho.mqtt.client import MQTTMessageInfo
 
-from edge_agent.algorithms.scaffold import revert_control
+from edge_agent.algorithms.scaffold import undo_if_left_out
 from edge_agent.coordinator_notes import CoordinatorNotes
-from edge_agent.freshness import Freshness
+from edge_agent.freshness import Freshness, announcement_refusal
+from edge_agent.global_states import GlobalStates
 from edge_agent.identity import give_up
-from edge_agent.pending import HeldUpdate, SentUpdate, read_progress, write_progress
+from edge_agent.outbox import UpdateOutbox
+from edge_agent.pending import HeldUpdate, read_progress, write_progress
 from edge_agent.privacy.errors import BudgetExhausted, PrivacyUnsupported
 from edge_agent.profiles import DeviceProfile
 from edge_agent.secure import SecureParticipant
@@ -59,7 +61,6 @@ from protocol.limits import DecodeLimits
 from protocol.messages import (
     AgentStatus,
     CoordinatorStatus,
-    GlobalState,
     Notice,
     PrivacySpent,
     RoundAnnouncement,
@@ -69,18 +70,11 @@ from protocol.messages import (
 from protocol.security.signing import PublicKey, SigningKey, single_key
 from protocol.security.trust import OPEN, Trust, decode_trusted
 from protocol.topics import Topics
-from protocol.transport.chunking import Reassembler, receive, split_payload
 from protocol.transport.mqtt import Backoff, BrokerAddress, MqttLink, Will
 from protocol.version import SOFTWARE_VERSION
 from protocol.wire import encode_message
 
 log = logging.getLogger(__name__)
-
-_STATE_LIMITS = DecodeLimits()
-"""Global states carry whole models: the default (large) bounds."""
-
-EXPIRY_SLACK_S = 600.0
-"""Device clocks drift: an announcement counts as expired only this long after its deadline."""
 
 _SMALL = DecodeLimits(max_payload_bytes=1024 * 1024, max_array_elements=1, max_total_elements=1)
 
@@ -132,22 +126,21 @@ class EdgeAgent:
         self.announcement: RoundAnnouncement | None = None
         self.problem: str | None = None
         """Why this agent refuses the current rounds (task, version, layout, algorithm); sent in its status."""
-        self.global_states: dict[int, GlobalState] = {}
+        self.global_states = GlobalStates(worker.family, self.topics, self._trust)
         self.coordinator: CoordinatorStatus | None = None
         self.notes = CoordinatorNotes(agent_id, worker.task.card.ref, worker.family, worker.layout)
         """The run's task card and the coordinator's refusal notices (``edge_agent.coordinator_notes``)."""
         self.secure = SecureParticipant(agent_id, worker.family, self.topics, self._publish_one, self._sealed,
-                                        state if secagg_audit else None, settled=self._on_secure_settled,
+                                        state if secagg_audit else None, settled=undo_if_left_out(state, worker.family),
                                         vanish_after=secagg_vanish_after, state=state)
         """Secure rounds' stages (``edge_agent.secure``)."""
-        self._reassembler = Reassembler(max_transfers=4, max_transfers_per_source=4)
+        self.outbox = UpdateOutbox(agent_id, self.topics, self._publish_one, self._sealed, signing_key, max_message_bytes)
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         """(kind, item): ("message", (topic, payload, retained)), ("connected", None), ("trained", outcome),
         ("denied", Denial)."""
         self._link: MqttLink | None = None
         self._seen_announcement = False
         self._joined_mid_round: tuple[str, int] | None = None
-        self._sent: SentUpdate | None = None
         self._held: HeldUpdate | None = None
         self._trainer: TrainingThread | None = None
         """Started by ``run``; a loop driven message by message without it (unit tests) trains inline."""
@@ -290,7 +283,7 @@ class EdgeAgent:
                 self.announcement = None
             if self.coordinator is not None and self.coordinator.epoch < epoch:
                 self.coordinator = None
-            self.global_states = {n: g for n, g in self.global_states.items() if g.epoch >= epoch}
+            self.global_states.forget_before(epoch)
         return True
 
     def _on_coordinator_status(self, status: CoordinatorStatus) -> None:
@@ -315,16 +308,9 @@ class EdgeAgent:
     def _on_announcement(self, ann: RoundAnnouncement, retained: bool) -> None:
         if not self._fresh(self.topics.rounds_current, ann.epoch, ann.run_id):
             return
-        current = self.announcement
-        if current is not None and ann.run_id == current.run_id and ann.round < current.round:
-            self._drop(self.topics.rounds_current, "stale", f"round {ann.round} after round {current.round}")
-            return
-        if self._answered is not None and ann.run_id == self._answered[0] and ann.round < self._answered[1]:
-            # The progress file outlives a restart: a replayed older round must not train (and spend) again.
-            self._drop(self.topics.rounds_current, "stale", f"round {ann.round} after answering {self._answered[1]}")
-            return
-        if time.time() > ann.issued_at + ann.deadline_s + EXPIRY_SLACK_S:
-            self._drop(self.topics.rounds_current, "expired", f"round {ann.round} ended at {ann.issued_at + ann.deadline_s:.0f}")
+        refusal = announcement_refusal(ann, self.announcement, self._answered, time.time())
+        if refusal is not None:
+            self._drop(self.topics.rounds_current, *refusal)
             return
         if not self._seen_announcement:
             self._seen_announcement = True
@@ -337,19 +323,7 @@ class EdgeAgent:
         self._check_agreement(ann)
         if self.problem is None and self.agent_id in ann.selected and self._joined_mid_round != (ann.run_id, ann.round):
             self.secure.begin(ann)
-        self._maybe_resend(ann)
-
-    def _on_secure_settled(self, run_id: str, round_number: int, counted: bool) -> None:
-        """A masked input left out of the sum: its SCAFFOLD variate step is undone (the server never added it)."""
-        if counted:
-            return
-        try:
-            undone = revert_control(self.state, run_id, self.worker.family, round_number)
-        except (ProtocolError, ValueError, KeyError, TypeError, OverflowError) as exc:  # the next round starts from 0
-            log.warning("round %d: control variate unreadable (%s): its step is not undone", round_number, exc)
-            return
-        if undone:
-            log.warning("round %d: control variate step undone (the round's sum did not include it)", round_number)
+        self.outbox.resend_if_new_session(ann, self.coordinator)
 
     def _check_agreement(self, ann: RoundAnnouncement) -> None:
         """Refuse rounds this agent cannot run (``LocalWorker.refusal``); say so in status and log when that changes."""
@@ -364,35 +338,18 @@ class EdgeAgent:
         if self._link is not None:
             self._publish_status()
 
-    def _maybe_resend(self, ann: RoundAnnouncement) -> None:
-        """Send the update for ``ann`` again if a new coordinator session announced it."""
-        sent, coordinator = self._sent, self.coordinator
-        if sent is None or (sent.run_id, sent.round) != (ann.run_id, ann.round):
-            return
-        if coordinator is None or coordinator.run_id != ann.run_id or coordinator.session in sent.sessions:
-            return
-        log.info("coordinator session %s re-announced round %d: sending the update again", coordinator.session,
-                 ann.round)
-        self._publish_pieces(self.topics.update(self.agent_id, ann.round), sent.pieces)
-        sent.sessions.add(coordinator.session)
-
     def _on_global_state(self, round_number: int, payload: bytes) -> None:
         if not payload:  # an emptied retained topic, which anyone may publish: keeping the newest two is cleanup enough
             return
-        received = receive(payload, "coordinator", GlobalState, self._reassembler, _STATE_LIMITS, self._trust,
-                           self.topics.global_state(self.worker.family, round_number), round_number)
-        if received is None:  # more chunks to come
+        states = self.global_states
+        message = states.assemble(round_number, payload)
+        if message is None:  # more chunks to come
             return
-        message = received.message
-        if message.round != round_number or message.family != self.worker.family:
-            topic = self.topics.global_state(self.worker.family, round_number)
-            self._drop(topic, "topic_mismatch", f"a state of {message.family} round {message.round} on {topic}")
-            return
-        if not self._fresh(self.topics.global_state(message.family, round_number), message.epoch, message.run_id):
-            return  # else an older run's states, kept as the newest two, would push out this run's
-        self.global_states[round_number] = message
-        for stale in sorted(self.global_states)[:-2]:  # keep the newest two
-            del self.global_states[stale]
+        misfiled = states.misfiled(message, round_number)
+        if misfiled is not None:
+            self._drop(states.topic(round_number), "topic_mismatch", misfiled)
+        elif self._fresh(states.topic(round_number), message.epoch, message.run_id):
+            states.keep(message)  # an older run's would push out this run's: not kept
 
     # -- work -----------------------------------------------------------------------------
     def _maybe_answer(self) -> None:
@@ -454,17 +411,7 @@ class EdgeAgent:
         if self.secure.takes(update):  # a secure round's: it leaves masked, through the stages
             self._say_if_spent(update)
             return
-        payload = self._sealed(encode_message(update))
-        topic = self.topics.update(self.agent_id, update.round)
-        pieces = split_payload(payload, self.max_message_bytes, self.signing_key, topic)
-        self._publish_pieces(topic, pieces)
-        session = self.coordinator.session if self.coordinator is not None else None
-        self._sent = SentUpdate(update.run_id, update.round, pieces, {session} if session is not None else set())
-        privacy = f", epsilon {update.privacy.epsilon:.4g}" if update.privacy is not None else ""
-        log.info("round %d (%s): sent %s, held-out accuracy of the model the round started from %.3f%s", update.round, update.task,
-                 "weights" if update.weights else "delta" if update.delta
-                 else "prototypes" if update.prototypes is not None else "metrics",
-                 update.metrics.eval_accuracy or 0.0, privacy)
+        self.outbox.send(update, self.coordinator)
         self._say_if_spent(update)
 
     def _say_if_spent(self, update: Update) -> None:
@@ -479,14 +426,9 @@ class EdgeAgent:
         return payload if self.signing_key is None else encode_message(self.signing_key.seal(payload))
 
     def _publish_one(self, topic: str, payload: bytes) -> MQTTMessageInfo:
-        assert self._link is not None
-        return self._link.publish(topic, payload, qos=1)
-
-    def _publish_pieces(self, topic: str, pieces: list[bytes]) -> None:
         """QoS 1: queued by paho while disconnected and sent (again) after the reconnect."""
         assert self._link is not None
-        for piece in pieces:
-            self._link.publish(topic, piece, qos=1)
+        return self._link.publish(topic, payload, qos=1)
 
     def _mark_answered(self, ann: RoundAnnouncement) -> None:
         self._answered = (ann.run_id, ann.round)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_agent.state import AgentStateDir
+from protocol.messages import RoundAnnouncement
 
 FILE = "freshness"
 STALE_EPOCH = "stale_epoch"
@@ -90,3 +91,21 @@ class Freshness:
         if self.persist:
             data |= {"coordinator_epoch": self.epoch, "run_id": self.run_id}
         self.state.write_json(FILE, data)
+
+
+EXPIRY_SLACK_S = 600.0
+"""Device clocks drift: an announcement counts as expired only this long after its deadline."""
+
+
+def announcement_refusal(ann: RoundAnnouncement, current: RoundAnnouncement | None, answered: tuple[str, int] | None,
+                         now: float) -> tuple[str, str] | None:
+    """(reason, detail) to drop an announcement of the run the agent follows, or None to act on it: a round older
+    than the one it knows or than the one it last answered (the progress file outlives a restart: a replayed older
+    round must not train, and spend, again), or one long past its deadline."""
+    if current is not None and ann.run_id == current.run_id and ann.round < current.round:
+        return "stale", f"round {ann.round} after round {current.round}"
+    if answered is not None and ann.run_id == answered[0] and ann.round < answered[1]:
+        return "stale", f"round {ann.round} after answering {answered[1]}"
+    if now > ann.issued_at + ann.deadline_s + EXPIRY_SLACK_S:
+        return "expired", f"round {ann.round} ended at {ann.issued_at + ann.deadline_s:.0f}"
+    return None

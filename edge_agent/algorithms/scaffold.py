@@ -24,6 +24,7 @@ instead of advancing it twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -156,6 +157,23 @@ def revert_control(state: AgentStateDir, run_id: str, family: str, round_number:
     before = {k[len(_BEFORE):]: v for k, v in stored.items() if k.startswith(_BEFORE)}
     write_control(state, name, round_number, before, before)
     return True
+
+
+
+def undo_if_left_out(state: AgentStateDir, family: str) -> Callable[[str, int, bool], None]:
+    """The agent's hook for a secure round's fate (``edge_agent.secure``): a masked input left out of the sum has
+    its variate step undone, since the server never added it."""
+    def settled(run_id: str, round_number: int, counted: bool) -> None:
+        if counted:
+            return
+        try:
+            undone = revert_control(state, run_id, family, round_number)
+        except (ProtocolError, ValueError, KeyError, TypeError, OverflowError) as exc:  # the next round starts from 0
+            log.warning("round %d: control variate unreadable (%s): its step is not undone", round_number, exc)
+            return
+        if undone:
+            log.warning("round %d: control variate step undone (the round's sum did not include it)", round_number)
+    return settled
 
 
 register_client(ScaffoldClient, summary="plain SGD steps corrected by c - c_i; sends the delta and its control delta", payloads=("weights", "delta", "control"))

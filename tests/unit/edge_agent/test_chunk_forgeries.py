@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.agent import _STATE_LIMITS
+from edge_agent.global_states import STATE_LIMITS as _STATE_LIMITS
 from protocol.digest import digest_bytes
 from protocol.errors import ProtocolError
 from protocol.messages import Chunk, GlobalState

@@ -21,7 +21,7 @@ def status(session: str) -> bytes:
 def test_the_update_goes_again_once_to_each_new_session(tmp_path: Path) -> None:
     agent, _, link = make_agent(tmp_path)
     agent._on_message(TOPICS.coordinator_status, status("s0"), True)
-    agent._sent = SentUpdate(B[0], 2, [b"the update"], {"s0"})  # round 2 answered under session s0
+    agent.outbox.sent = SentUpdate(B[0], 2, [b"the update"], {"s0"})  # round 2 answered under session s0
     announcement = round_bytes(B, 2)
     agent._on_message(TOPICS.rounds_current, announcement, True)
     assert link.updates() == []  # the same session: nothing to resend

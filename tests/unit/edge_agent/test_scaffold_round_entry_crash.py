@@ -44,7 +44,7 @@ def test_a_malformed_variate_file_does_not_kill_the_agent_loop(tmp_path: Path, b
 @pytest.mark.parametrize("damage", ["garbage-bytes", "two-element-round"])
 def test_a_damaged_variate_file_does_not_break_the_secure_round_settlement(tmp_path: Path, damage: str) -> None:
     """revert_control (scaffold.py:137-148) runs on the loop thread, from SecureParticipant.settle via
-    EdgeAgent._on_secure_settled (agent.py:342-345), with no guard. A file that does not decode raises ProtocolError
+    the settled hook (then EdgeAgent._on_secure_settled, now scaffold.undo_if_left_out), with no guard. A file that does not decode raises ProtocolError
     inside _on_message's handling of the coordinator's announcement, which is then counted as a *malformed
     announcement* (the file's fault blamed on the coordinator) and its handling cut short (_check_agreement,
     secure.begin skipped); the pending mark was already removed (secure.py:237-238), so the step is never undone.
