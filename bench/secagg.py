@@ -2,9 +2,10 @@
 
     python bench/secagg.py                  # 10, 100 and 500 agents x 127,000 parameters, 0% and 10% dropouts
     python bench/secagg.py --quick          # 10 and 50 agents: seconds, for CI
-    python bench/secagg.py --prg aes256ctr  # masks from AES-256-CTR instead of ChaCha20
+    python bench/secagg.py --prg aes-ctr    # masks from AES-256-CTR instead of ChaCha20
     python bench/secagg.py --mqtt           # over Mosquitto: the real coordinator, secure vs plain rounds
     python bench/secagg.py --mqtt --quick   # the same at 10 agents x 10,000 parameters (CI)
+    python bench/secagg.py --mqtt --prg aes-ctr   # the coordinator's secagg_prg aes-ctr
     python bench/secagg.py --accuracy       # a 20-round digits FedAvg run, secure vs plain: final accuracy
     python bench/secagg.py --accuracy --quick   # 4 agents, a small model, 3 rounds (CI; numbers mean little)
     python bench/secagg.py --accuracy --algorithm fedproto   # the same for FedProto over three model families
@@ -140,7 +141,7 @@ def main() -> int:
 
         params = args.params or (10_000 if args.quick else N_PARAMS)
         return run([(n, params) for n in (args.agents or ([10] if args.quick else [10, 100]))], tuple(args.rates),
-                   args.degree, args.threshold)
+                   args.degree, args.threshold, args.prg)
     fleets = (10, 50) if args.quick else (10, 100, 500)
     print(f"# SecAgg+ core, {N_PARAMS:,} parameters, PRG {args.prg}; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, numpy {np.__version__}")

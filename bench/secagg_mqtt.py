@@ -75,8 +75,9 @@ def deadlines(agents: int, params: int) -> tuple[float, float]:
     return max(2 * stage + 2 * work, 6.0), stage
 
 
-def run_row(agents: int, params: int, rate: float, mode: str, degree: int = 0, threshold: int = 0) -> Row:
-    """``degree``, ``threshold``: secagg_degree and secagg_threshold (0: the coordinator's defaults)."""
+def run_row(agents: int, params: int, rate: float, mode: str, degree: int = 0, threshold: int = 0,
+            prg: str = "chacha20") -> Row:
+    """``degree``, ``threshold``, ``prg``: secagg_degree, secagg_threshold (0: the coordinator's defaults), secagg_prg."""
     row = Row(agents, params, rate, mode)
     run_dir = Path(tempfile.mkdtemp(prefix="fl-secagg-"))
     broker = MosquittoBroker(workdir=run_dir / "broker")
@@ -91,7 +92,7 @@ def run_row(agents: int, params: int, rate: float, mode: str, degree: int = 0, t
             "min_fit_agents": max(2, survivors_needed - 1), "min_available_agents": agents,
             "round_deadline_s": deadline, "secagg_stage_s": stage, "secagg_clip": CLIP, "max_norm_ratio": 0,
             "claim_cap_multiple": 0, "log_level": "INFO", "momentum": 0.0, "secagg_degree": degree,
-            "secagg_threshold": threshold,
+            "secagg_threshold": threshold, "secagg_prg": prg,
         }
         coordinator = start_coordinator(run_dir, broker.url, 2, settings)
         ids = [f"sim-{i:05d}" for i in range(agents)]
@@ -196,14 +197,14 @@ def ok(row: Row) -> bool:
         and row.error_vs_exact <= row.bound
 
 
-def run(fleets: list[tuple[int, int]], rates: tuple[float, ...], degree: int = 0, threshold: int = 0) -> int:
+def run(fleets: list[tuple[int, int]], rates: tuple[float, ...], degree: int = 0, threshold: int = 0,
+        prg: str = "chacha20") -> int:
     rows = []
-    if degree or threshold:
-        print(f"# secagg_degree {degree or 'default'}, secagg_threshold {threshold or 'default'}")
+    print(f"# secagg_degree {degree or 'default'}, secagg_threshold {threshold or 'default'}, secagg_prg {prg}")
     for agents, params in fleets:
         for rate in rates:
             for mode in MODES:
-                rows.append(run_row(agents, params, rate, mode, degree, threshold))
+                rows.append(run_row(agents, params, rate, mode, degree, threshold, prg))
                 print(f"# done: {agents} x {params:,}, {rate:.0%}, {mode}: "
                       f"{rows[-1].failure or f'{rows[-1].round_s:.2f} s'}", flush=True)
     compare(rows)

@@ -164,6 +164,11 @@ class CoordinatorSettings(BrokerSettings):
         "secure aggregation: neighbours each agent shares its secrets with; 0: 3 log2 n, all when fewer"))
     secagg_threshold: int = Field(default=0, ge=0, le=1024, description=(
         "secure aggregation: shares needed to recover an agent's secrets (and survivors a round needs); 0: from the degree"))
+    # Measured 2026-12-04 (bench/secagg.py's prg line, 127,000 values): ChaCha20 0.18 ms a mask, AES-256-CTR 0.095 ms
+    # on this project's x86 machine (AES-NI); a device without AES instructions (Raspberry Pi 4) is the reverse.
+    secagg_prg: Literal["chacha20", "aes-ctr"] = Field(default="chacha20", description=(
+        "secure aggregation: the stream cipher that expands mask seeds; aes-ctr (AES-256-CTR) masks about twice as "
+        "fast where every agent has AES instructions (x86, Jetson, most phones), chacha20 everywhere else"))
     secagg_clip: float = Field(default=0.5, gt=0.0, le=1e6, allow_inf_nan=False, description=(
         "secure aggregation: agents clip every value of their delta to [-clip, clip] before quantising"))
     # Measured 2026-12-02 (10 agents, plain SCAFFOLD, lr 0.05): the largest |control delta| was 0.29 on digits

@@ -49,5 +49,5 @@ def _bootstrap(update: Update, sessions: Mapping[str, object]) -> bool:
 
 POLICIES.register("secagg", lambda settings: SecurePolicy(), summary=(
     "synchronous rounds securely aggregated (SecAgg+): chosen by secure_aggregation, not by mode"),
-    settings=("secure_aggregation", "secagg_degree", "secagg_threshold", "secagg_clip", "secagg_control_clip",
-              "secagg_stage_s"))
+    settings=("secure_aggregation", "secagg_degree", "secagg_threshold", "secagg_prg", "secagg_clip",
+              "secagg_control_clip", "secagg_stage_s"))

@@ -119,7 +119,7 @@ def plan(settings: CoordinatorSettings, states: Mapping[str, FamilyState], annou
         # FedProto's one session goes under every family's name (agents look theirs up).
         for name in ([family] if family != "*" else sorted({records[a].status.family for a in session.roster})):
             held[name] = session
-    setup = SecureSetup(clip=clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
+    setup = SecureSetup(prg=s.secagg_prg, clip=clip, advertise_s=s.secagg_stage_s, share_s=s.secagg_stage_s,
                         unmask_s=s.secagg_stage_s, families=families, levels=levels, control_clip=control_clip,
                         noise=noise, sites={site: SiteSessions(key=site_key(site), families=held)
                                             for site, held in sites.items()})

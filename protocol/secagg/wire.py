@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 
 from protocol.arrays import Array
 from protocol.fields import MAX_AGENTS_PER_ROUND, Identifier, Message, NonNegativeInt, Round
+from protocol.secagg.prg import PrgName
 from protocol.secagg.ring import RING_BITS, ring_bits
 from protocol.wire_model import WireModel
 
@@ -88,7 +89,7 @@ class SecureSetup(WireModel):
     """In ``RoundAnnouncement.secure``: the round is securely aggregated; stage deadlines are seconds
     after ``issued_at`` (the masked inputs are due by ``deadline_s``, the reveals ``unmask_s`` later)."""
 
-    prg: Literal["chacha20", "aes-ctr"] = "chacha20"
+    prg: PrgName = "chacha20"
     clip: float = Field(gt=0.0, le=1e6)
     """Every value of an agent's delta is clipped on the device to [-clip, clip] before quantising."""
     advertise_s: float = Field(gt=0.0)

@@ -130,6 +130,31 @@ def test_the_unmasked_mean_equals_the_plain_mean_and_a_silent_survivors_mask_is_
     assert fleet.metrics.registry.get_sample_value("fl_secagg_bytes_total", {"stage": "mask", "direction": "in"}) > 0
 
 
+def test_aes_ctr_masks_are_announced_and_unmask_to_the_plain_mean(tmp_path: Path) -> None:
+    """secagg_prg aes-ctr: the announcement names it, and agents and coordinator both expand masks with it (a
+    mismatch would leave the masks in the sum, far past the bound)."""
+    fleet = Fleet(tmp_path, secagg_prg="aes-ctr")
+    ann, base = fleet.announcement(), fleet.state(2)
+    assert ann.secure is not None and ann.secure.prg == "aes-ctr"
+    for participant in fleet.agents.values():
+        participant.begin(ann)
+    fleet.pump()
+    sent = deltas(3)
+    fleet.train(sent)
+    fleet.pump()
+    assert (fleet.engine.last_summary.round, fleet.engine.last_summary.outcome) == (2, "completed")
+    fleet.engine.tick()
+    step = quantiser(ann.secure, ann.secure.families["f"]).step
+    for name, mean in plain_mean(sent, 2.0).items():
+        np.testing.assert_allclose(fleet.state(3).weights[name] - base.weights[name], mean, atol=8 * step + 2**-23,
+                                   rtol=0)
+
+
+def test_an_unknown_prg_is_refused_at_start_up_naming_the_setting() -> None:
+    with pytest.raises(ValidationError, match="secagg_prg"):
+        CoordinatorSettings(secure_aggregation=True, secagg_prg="aes256ctr")  # type: ignore[arg-type]
+
+
 def test_an_agent_dropped_after_sharing_has_its_pairwise_masks_removed(tmp_path: Path) -> None:
     fleet = Fleet(tmp_path)
     ann, base = fleet.announcement(), fleet.state(2)
