@@ -28,7 +28,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from golden_secagg import secure_vectors  # scripts/, beside this file
+from golden_inputs import (  # scripts/, beside this file
+    AGENT,
+    AGENT_EPOCH,
+    CHUNK_MAX_MESSAGE_BYTES,
+    COORDINATOR_SEED,
+    DIGITS_LAYOUTS,
+    EPOCH,
+    FAMILY,
+    FEDERATION,
+    INT8_SEED,
+    OLD_EPOCH,
+    OLD_RUN_ID,
+    RUN_ID,
+    SESSION,
+    SITE,
+    SITE_SEED,
+    TASK,
+    TIMESTAMP,
+    TOPICS,
+    TRANSFER_ID,
+    Vectors,
+    coordinator_key,
+    digest_preimage,
+    fields_of,
+    jsonable,
+    layout_preimage,
+    model_delta,
+    model_weights,
+    py_tuple,
+)
+from golden_secagg import secure_vectors
 
 from protocol.arrays import layout_of
 from protocol.codec import encode
@@ -45,7 +75,6 @@ from protocol.messages import (
     RoundAnnouncement,
     StateRef,
     TaskAnnouncement,
-    TaskRef,
     TrainMetrics,
     Update,
 )
@@ -54,129 +83,10 @@ from protocol.security.signing import DOMAIN, SigningKey
 from protocol.site_rosters import SiteResync, SiteRoster
 from protocol.task_card import FamilyLayout, TaskCard
 from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
-from protocol.topics import Topics
 from protocol.transport.chunking import CHUNK_OVERHEAD_BYTES, chunk_statement
 from protocol.wire import encode_message
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "tests" / "golden"
-
-FEDERATION, RUN_ID, SESSION, AGENT = "greenhouse", "3f9a1c2b7d4e", "c0ffee123456", "agent-1"
-FAMILY, TASK = "mlp_tiny", TaskRef(name="golden", version="1")
-TIMESTAMP = 1767225600.25  # 2026-01-01T00:00:00.25Z
-EPOCH = 1767225600250
-"""The run's epoch: the coordinator's wall clock in milliseconds when the run started."""
-OLD_RUN_ID, OLD_EPOCH = "0a1d0a1d0a1d", EPOCH - 86_400_000
-"""A run of the same coordinator key a day earlier, whose messages are replayed."""
-AGENT_EPOCH = 1767225590125
-"""The agent process's epoch (its start, in milliseconds)."""
-COORDINATOR_SEED = hashlib.sha256(b"edgefl golden vectors: coordinator key").digest()
-"""A published test key: never use it for anything but these vectors."""
-INT8_SEED = 7
-CHUNK_MAX_MESSAGE_BYTES = 384
-TRANSFER_ID = "0123456789abcdef"
-SITE = "site-1"
-SITE_SEED = hashlib.sha256(b"edgefl golden vectors: site key").digest()
-"""A published test key of a site aggregator: never use it for anything but these vectors."""
-
-DIGITS_LAYOUTS: dict[str, tuple[tuple[str, tuple[int, ...]], ...]] = {
-    "cnn_large": (("features.0.weight", (32, 1, 3, 3)), ("features.0.bias", (32,)), ("features.1.weight", (32,)),
-                  ("features.1.bias", (32,)), ("features.3.weight", (64, 32, 3, 3)), ("features.3.bias", (64,)),
-                  ("features.4.weight", (64,)), ("features.4.bias", (64,)), ("features.7.weight", (128, 64, 3, 3)),
-                  ("features.7.bias", (128,)), ("features.8.weight", (128,)), ("features.8.bias", (128,)),
-                  ("features.12.weight", (64, 512)), ("features.12.bias", (64,)), ("head.weight", (10, 64)),
-                  ("head.bias", (10,))),
-    "cnn_small": (("features.0.weight", (16, 1, 3, 3)), ("features.0.bias", (16,)), ("features.1.weight", (16,)),
-                  ("features.1.bias", (16,)), ("features.4.weight", (32, 16, 3, 3)), ("features.4.bias", (32,)),
-                  ("features.5.weight", (32,)), ("features.5.bias", (32,)), ("features.9.weight", (64, 128)),
-                  ("features.9.bias", (64,)), ("head.weight", (10, 64)), ("head.bias", (10,))),
-    "mlp_tiny": (("features.1.weight", (64, 64)), ("features.1.bias", (64,)), ("features.3.weight", (64, 64)),
-                 ("features.3.bias", (64,)), ("head.weight", (10, 64)), ("head.bias", (10,))),
-}
-"""The built-in digits task's float32 arrays per family, as ``edge-agent tasks --card digits`` printed them when
-these vectors were made: written out so that making the vectors needs no torch, and stays fixed."""
-
-TOPICS = Topics(FEDERATION)
-
-
-def jsonable(value: Any) -> Any:
-    """A decoded field as the sidecar writes it (see the module docstring)."""
-    if isinstance(value, np.ndarray):
-        return {"ndarray": {"dtype": value.dtype.str, "shape": list(value.shape),
-                            "data": [v.item() for v in value.reshape(-1)]}}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return {"bin": bytes(value).hex()}
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("sidecars hold finite floats only")
-    return value
-
-
-def fields_of(message: Message) -> dict[str, Any]:
-    return jsonable(message.model_dump(mode="python"))
-
-
-def coordinator_key() -> SigningKey:
-    return SigningKey(Ed25519PrivateKey.from_private_bytes(COORDINATOR_SEED))
-
-
-def model_weights() -> dict[str, np.ndarray]:
-    """A tiny model in state-dict order: two float32 tensors and a 0-d int64 counter (BatchNorm's)."""
-    return {
-        "fc.weight": np.array([[0.5, -0.25], [0.125, 1.0], [-2.0, 0.0625]], dtype="<f4"),
-        "fc.bias": np.array([0.25, -0.5, 0.75], dtype="<f4"),
-        "bn.num_batches_tracked": np.array(12, dtype="<i8"),
-    }
-
-
-def model_delta() -> dict[str, np.ndarray]:
-    return {
-        "fc.weight": np.array([[0.03125, -0.5], [0.0078125, 0.25], [-0.125, 0.0]], dtype="<f4"),
-        "fc.bias": np.array([-0.0625, 0.375, 0.015625], dtype="<f4"),
-        "bn.num_batches_tracked": np.array(4, dtype="<i8"),
-    }
-
-
-def layout_preimage(arrays: dict[str, np.ndarray]) -> str:
-    """What ``protocol.tasks.layout_fingerprint`` hashes, spelled out for other implementations."""
-    return "".join(f"{name}:{a.dtype.str}:{_py_tuple(a.shape)};" for name, a in arrays.items())
-
-
-def digest_preimage(groups: list[tuple[str, dict[str, np.ndarray]]]) -> bytes:
-    """What ``protocol.digest.digest_arrays`` hashes, spelled out for other implementations."""
-    out = b""
-    for group, arrays in groups:
-        out += f"[{group}]".encode()
-        for name, a in arrays.items():
-            out += f"{name}:{a.dtype.str}:{_py_tuple(a.shape)};".encode() + a.tobytes(order="C")
-    return out
-
-
-def _py_tuple(shape: tuple[int, ...]) -> str:
-    """A shape written like Python writes a tuple: ``()``, ``(3,)``, ``(3, 2)``."""
-    return "(" + ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-class Vectors:
-    """Collects vectors: name -> (payload, sidecar)."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, tuple[bytes, dict[str, Any]]] = {}
-
-    def add(self, name: str, payload: bytes, topic: str, retain: bool, description: str,
-            fields: dict[str, Any] | None, **extra: Any) -> bytes:
-        """``fields``: what decoding must produce; None for a payload that must be rejected."""
-        head = {"file": f"{name}.msgpack"} | ({"kind": fields["kind"]} if fields is not None else {})
-        sidecar = {**head, "topic": topic, "qos": 1, "retain": retain, "size_bytes": len(payload),
-                   "description": description, **extra} | ({"fields": fields} if fields is not None else {})
-        self.items[name] = (payload, sidecar)
-        return payload
-
-    def message(self, name: str, message: Message, topic: str, retain: bool, description: str, **extra: Any) -> bytes:
-        return self.add(name, encode_message(message), topic, retain, description, fields_of(message), **extra)
-
 
 def build() -> dict[str, tuple[bytes, dict[str, Any]]]:
     """Every vector, accepted ones first, then ``reject/...``."""
@@ -273,7 +183,7 @@ def _task_and_notice(v: Vectors, key: SigningKey, layout: str, delta: dict[str, 
         family: FamilyLayout.of({name: (shape, "<f4") for name, shape in arrays})
         for family, arrays in DIGITS_LAYOUTS.items()}})
     task = TaskAnnouncement(run_id=RUN_ID, card=card, timestamp=TIMESTAMP, epoch=EPOCH)
-    layouts = {family: {"layout_preimage": "".join(f"{a.name}:{a.dtype}:{_py_tuple(a.shape)};" for a in lay.arrays)}
+    layouts = {family: {"layout_preimage": "".join(f"{a.name}:{a.dtype}:{py_tuple(a.shape)};" for a in lay.arrays)}
                for family, lay in card.layouts.items()}
     task_bytes = v.message("task", task, TOPICS.task, True,
                            "The digits task's full card (edge-agent tasks --card digits) as a coordinator given it publishes "
