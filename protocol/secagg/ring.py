@@ -29,7 +29,8 @@ import numpy as np
 
 RING_BITS = 32
 UNPACK_BLOCK = 1 << 18
-"""Elements ``unpack`` reads per pass (its temporaries: a few MB whatever the input's size)."""
+"""Elements ``pack`` and ``unpack`` handle per pass (their temporaries: a few MB whatever the input's size); a
+multiple of 32, so that a block of ``pack`` starts on a word boundary."""
 GRID_LEVELS: dict[str, int] = {"int8": 127, "fp16": 2047}
 """Compression kind -> the largest |integer| one value quantises to; absent: the ring's finest grid."""
 
@@ -52,11 +53,23 @@ def pack(values: np.ndarray, bits: int) -> np.ndarray:
     if bits == RING_BITS:
         return values.copy()
     _check(bits)
-    stream = np.unpackbits(values.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, :bits]
-    packed = np.packbits(stream.reshape(-1), bitorder="little")
-    out = np.zeros(4 * words(values.size, bits), dtype=np.uint8)
-    out[: packed.size] = packed
-    return out.view("<u4")
+    # Element i goes to bit i * bits of the stream: shifted into a uint64 at its word's offset, its low half
+    # lands in word (i * bits) // 32 and its high half in the next. Within a word the elements' bits are
+    # disjoint, so adding them is or-ing them, and float64 holds their sums (< 2^32) exactly: bincount adds
+    # them per word. A block is a multiple of 32 elements, so each block starts on a word of its own.
+    out = np.zeros(words(values.size, bits) + 1, dtype=np.uint32)
+    low = np.uint32((1 << bits) - 1)
+    for start in range(0, values.size, UNPACK_BLOCK):
+        block = values[start:start + UNPACK_BLOCK]
+        first = np.arange(block.size, dtype=np.uint64) * np.uint64(bits)
+        index = (first >> np.uint64(5)).astype(np.intp)
+        shifted = (block & low).astype(np.uint64) << (first & np.uint64(31))
+        span = int(index[-1]) + 2
+        summed = np.bincount(index, (shifted & np.uint64(0xFFFFFFFF)).astype(np.float64), minlength=span)
+        summed += np.bincount(index + 1, (shifted >> np.uint64(32)).astype(np.float64), minlength=span)
+        base = start * bits // 32
+        out[base:base + span] |= summed.astype(np.uint32)
+    return out[:-1].view("<u4")
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:

@@ -24,6 +24,31 @@ def test_pack_keeps_the_low_bits_and_unpacks_them(bits: int, count: int, seed: i
     np.testing.assert_array_equal(ring.unpack(packed, bits, count), values & np.uint32((1 << bits) - 1))
 
 
+def bit_stream_reference(values: np.ndarray, bits: int) -> np.ndarray:
+    """The wire form as docs/protocol.md states it, one bit at a time: element i's bit j is bit i * bits + j of the
+    little-endian stream of uint32 words."""
+    out = [0] * ring.words(values.size, bits)
+    for i, value in enumerate(values.tolist()):
+        for j in range(bits):
+            if value >> j & 1:
+                position = i * bits + j
+                out[position // 32] |= 1 << position % 32
+    return np.array(out, dtype=np.uint32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(bits=st.integers(2, 31), count=st.integers(1, 300), seed=st.integers(0, 2**32))
+def test_pack_writes_the_documented_bit_stream_across_its_blocks(bits: int, count: int, seed: int) -> None:
+    values = np.random.default_rng(seed).integers(0, 2**32, count, dtype=np.uint32)
+    block = ring.UNPACK_BLOCK
+    try:
+        ring.UNPACK_BLOCK = 64  # several blocks in a small input: the block seams must not show
+        packed = ring.pack(values, bits)
+    finally:
+        ring.UNPACK_BLOCK = block
+    np.testing.assert_array_equal(packed, bit_stream_reference(values, bits))
+
+
 def test_unpack_refuses_a_wrong_length_or_dtype() -> None:
     packed = ring.pack(np.arange(10, dtype=np.uint32), 12)
     for bad in (packed[:-1], packed.astype(np.int64), np.zeros(10, np.uint32)):
