@@ -98,8 +98,8 @@ class AgentSettings(BrokerSettings):
     dp_delta: float = Field(default=1e-5, gt=0.0, lt=1.0, description="delta of the (epsilon, delta) guarantee")
     dp_budget_epsilon: float | None = Field(default=None, gt=0.0,
                                             description="stop training before epsilon passes this; unset: the target")
-    dp_accountant: Literal["rdp", "prv", "gdp"] = Field(default="rdp", description=(
-        "how spent epsilon is computed (Opacus accountants)"))
+    dp_accountant: Literal["rdp", "prv"] = Field(default="rdp", description=(
+        "how spent epsilon is computed (Opacus accountants): rdp, or prv (tighter, slower)"))
     dp_prototype_noise_multiplier: float | None = Field(
         default=None, gt=0.0, description="Gaussian mechanism on FedProto prototypes; unset refuses them under dp")
     dp_prototype_clip: float = Field(default=1.0, gt=0.0, description="embedding norm clip for prototypes")
@@ -119,6 +119,15 @@ class AgentSettings(BrokerSettings):
         "exit (status 3) once the broker refused this many publishes or subscriptions (MQTT 5 reason code "
         ">= 0x80, e.g. an ACL's 0x87 not authorized) instead of training for updates nobody receives"))
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="least severe log level shown")
+
+    @field_validator("dp_accountant", mode="before")
+    @classmethod
+    def _no_gdp(cls, value: object) -> object:
+        if value == "gdp":  # a bound that can be below the true epsilon breaks the budget's promise
+            raise ValueError("gdp (Opacus's GaussianAccountant, a central-limit approximation) can report less "
+                             "epsilon than was spent; use rdp or prv (a ledger kept under gdp is recomputed, never "
+                             "lowered)")
+        return value
 
     @field_validator("federation")
     @classmethod
@@ -216,6 +225,3 @@ class AgentSettings(BrokerSettings):
             raise ValueError("dp_target_epsilon calibrates the DP-SGD noise for the training steps alone, and the "
                              "prototype releases of dp_prototype_noise_multiplier would spend the budget before "
                              "dp_planned_rounds: with prototypes, set dp_noise_multiplier and dp_budget_epsilon")
-        if self.dp_accountant == "gdp" and self.dp_prototype_noise_multiplier is not None:
-            raise ValueError("dp_prototype_noise_multiplier needs dp_accountant rdp or prv: gdp cannot compose "
-                             "two mechanisms")

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from edge_agent.config import AgentSettings
 
-Mechanism = Literal["rdp", "prv", "gdp"]
+Mechanism = Literal["rdp", "prv"]
+"""Upper bounds only: Opacus's gdp (a central-limit approximation) can under-report, so it is not offered."""
 
 
 @dataclass(frozen=True)

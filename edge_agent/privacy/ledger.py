@@ -85,11 +85,6 @@ def _compose(history: Sequence[tuple[float, float, int]], charges: Sequence[Char
         sigma, rate, steps = charge.entry()
         if out and out[-1][:2] == (sigma, rate):
             out[-1] = (sigma, rate, out[-1][2] + steps)
-        elif out and mechanism == "gdp":
-            raise PrivacyUnsupported(
-                "the gdp accountant composes only one noise multiplier and sample rate; this round uses "
-                f"sigma {sigma:.4g} at rate {rate:.4g} after sigma {out[-1][0]:.4g} at rate {out[-1][1]:.4g}: "
-                "set dp_accountant to rdp or prv")
         else:
             out.append((sigma, rate, steps))
     return out
@@ -170,6 +165,10 @@ class PrivacyLedger:
         A refused round becomes the yardstick of ``exhausted``: else an agent whose first round already
         overspends would never say it is spent, and be selected (and waited for) round after round."""
         projected = self.epsilon_with(charges)
+        if not math.isfinite(projected):  # unbounded: no promise is left to keep, and the wire carries finite figures
+            raise PrivacyUnsupported(f"the {self.mechanism} accountant bounds epsilon by {projected} after this round "
+                                     f"(noise multiplier {min(c.noise_multiplier for c in charges):.4g}): raise "
+                                     "dp_noise_multiplier")
         if self.budget is not None and projected > self.budget + _EPSILON_SLACK:
             if list(charges) != self.last_round:
                 self.last_round, self._exhausted = list(charges), None
@@ -250,7 +249,9 @@ class PrivacyLedger:
 
         if saved.get("format") != FORMAT_VERSION:
             raise bad(f"unknown format {saved.get('format')!r}, expected {FORMAT_VERSION}")
-        if saved.get("mechanism") != self.mechanism:
+        if saved.get("mechanism") == "gdp":  # no longer offered (it can under-report): recomputed, never lowered
+            log.warning("%s: kept under the gdp accountant; recomputed under %s", where, self.mechanism)
+        elif saved.get("mechanism") != self.mechanism:
             raise bad(f"it was spent under the {saved.get('mechanism')!r} accountant, dp_accountant is now "
                       f"{self.mechanism!r}; set dp_accountant back")
         if saved.get("delta") != self.delta:
@@ -276,7 +277,12 @@ class PrivacyLedger:
                 raise bad(f"malformed calibration ({exc})") from None
         self.history = _compose([], history, self.mechanism)
         self.rounds, self.last_round, self.calibration = rounds, last_round, calibration
-        computed = self._history_epsilon([])
+        try:  # entries each in range can still break the accountant's arithmetic (a hand-edited sigma of 1e-200)
+            computed = self._history_epsilon([])
+        except (ArithmeticError, TypeError, ValueError) as exc:
+            raise bad(f"its history does not compute ({type(exc).__name__}: {exc})") from None
+        if not math.isfinite(computed):
+            raise bad(f"its history gives epsilon {computed}")
         self._excess = 0.0
         if computed < recorded * (1 - 1e-6) - _EPSILON_SLACK:
             # Never report less than was reported before (an accountant upgrade can tighten the bound), and
