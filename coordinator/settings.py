@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from coordinator.aggregation.registry import RULES
+from coordinator.aggregation.registry import RULES, fewest_updates
 from coordinator.policies.registry import POLICIES
 from coordinator.strategies.registry import ALGORITHMS
 from protocol.compression import COMPRESSORS, CompressionSpec, state_compressors
@@ -128,7 +128,7 @@ class CoordinatorSettings(BrokerSettings):
         "skewed agent's factor can underflow to 0 and every round fail with no weight)"))
 
     # who, and how long to wait for them
-    seed: int = Field(default=0, description="seed of agent selection (with the round number: a restart re-selects alike)")
+    seed: int = Field(default=0, ge=0, lt=2**63, description="seed of agent selection (with the round number: a restart re-selects alike)")
     fraction_fit: float = Field(default=1.0, gt=0.0, le=1.0, description=(
         "fraction of the available agents a round wants updates from"))
     min_fit_agents: int = Field(default=2, ge=1, description="fewest agents a round wants updates from")
@@ -257,6 +257,15 @@ class CoordinatorSettings(BrokerSettings):
     def _consistent(self) -> CoordinatorSettings:
         if self.min_fit_agents > self.min_available_agents:
             raise ValueError("min_fit_agents cannot exceed min_available_agents")
+        if self.min_available_agents > self.max_known_agents:
+            raise ValueError(f"min_available_agents {self.min_available_agents} exceeds max_known_agents "
+                             f"{self.max_known_agents}: no round would open")
+        fewest = fewest_updates(self.aggregator, self.byzantine_f, self.trim_beta)
+        if fewest is None or fewest > self.max_agents_per_round:
+            need = "trim_beta above 0" if fewest is None else f"{fewest} updates a round"
+            raise ValueError(f"aggregator {self.aggregator} with byzantine_f {self.byzantine_f} needs {need}, and a "
+                             f"round takes at most max_agents_per_round {self.max_agents_per_round}: every round "
+                             f"would fail (too_few_updates)")
         if 0 < self.max_message_bytes < 4096:
             raise ValueError("max_message_bytes must be 0 (no chunking) or at least 4096")
         kind = CompressionSpec.parse(self.compression).kind

@@ -35,6 +35,7 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
     ``collusion`` is the rendezvous of colluding attackers (tests and benchmarks only); ``task``
     saves resolving ``settings.task`` again when many agents share a process.
     """
+    settings.check_tls_contents()
     task = task or resolve_task(settings.task)
     attack = build_attack(settings.attack, scale=settings.attack_scale, z=settings.attack_z, collusion=collusion,
                           claim_samples=settings.attack_claim_samples, report_accuracy=settings.attack_report_accuracy)

@@ -16,6 +16,7 @@ import typer
 from edge_agent.config import AgentSettings
 from edge_agent.resident import give_back_library_pages
 from service_kit.cli_options import settings_command, version_option
+from service_kit.startup import CannotStart
 
 # Plain click layout, not rich's table: with some 50 flags, rich's fixed option column left the help
 # a sliver of an 80-column terminal and cut values off; plain text wraps and greps.
@@ -46,8 +47,8 @@ def run(settings: AgentSettings) -> int:
     try:
         claim = StateDirClaim(settings.state_dir)  # held until the process exits
         agent = build_agent(settings)
-    except ValueError as exc:  # bad data, a model DP cannot train, a ledger that does not restore, a state
-        # directory another agent holds, alike
+    except (ValueError, CannotStart) as exc:  # bad data, a model DP cannot train, a ledger that does not restore,
+        # a state directory another agent holds, a signing key file that is not a key, alike
         typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
     if give_back:

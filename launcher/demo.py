@@ -22,8 +22,10 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from coordinator.settings import CoordinatorSettings
 from coordinator.state.rounds import RoundSummary
 from coordinator.strategies.registry import ALGORITHMS
+from edge_agent.config import AgentSettings
 from edge_agent.stragglers import parse_delay
 from launcher import report
 from launcher.broker import BrokerError, EmbeddedBroker, LocalBroker, MosquittoBroker
@@ -31,6 +33,7 @@ from launcher.evaluate import CentralEvaluation, central_evaluation
 from launcher.fleet import DEVICES, Fleet, FleetSpec, default_fleet
 from launcher.progress import ProgressView, fmt_accuracy, human_bytes, read_rounds
 from launcher.sites import DemoSites, sites_line, sites_table
+from service_kit.settings import ConfigError, load_settings
 
 # Tuned on a 2-core machine (6 agents, Dirichlet alpha=1.0, digits, seed 0):
 # * 8 local epochs: each agent holds ~200 samples, so epochs are cheap and cut the rounds needed;
@@ -154,6 +157,18 @@ def agent_settings(config: DemoConfig) -> dict[str, Any]:
     if config.dp_epsilon is not None:
         settings |= {"dp": True, "dp_target_epsilon": config.dp_epsilon, "dp_planned_rounds": config.rounds}
     return settings
+
+
+def check_settings(config: DemoConfig) -> None:
+    """What the coordinator and the agents would refuse, refused before anything starts (typer.BadParameter)."""
+    if config.algorithm == "fedproto" and config.dp_epsilon is not None:
+        raise typer.BadParameter("DP-SGD with a target epsilon trains weights; FedProto's rounds send prototypes, "
+                                 "which it does not noise", param_hint="--dp-epsilon")
+    try:
+        load_settings(CoordinatorSettings, None, {**coordinator_settings(config), "task": config.task})
+        load_settings(AgentSettings, None, {**agent_settings(config), "task": config.task, "device": config.devices[0]})
+    except ConfigError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def federation_name(run_dir: Path) -> str:
@@ -381,6 +396,7 @@ def demo(
                         stragglers=stragglers, over_selection=over_selection,
                         dp_epsilon=dp_epsilon, algorithm=algorithm.value, aggregator=aggregator.value, task=task,
                         sites=sites, secure=secure)
+    check_settings(config)
     # Not a terminal (CI logs, pipes): rich would wrap tables at 80 columns.
     console = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 160)
     try:

@@ -11,8 +11,9 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from protocol.transport.address import MqttVersion
+from protocol.transport.address import MqttVersion, check_tls_contents
 from protocol.transport.mqtt import BrokerAddress, tls_file_setting
+from service_kit.startup import CannotStart
 
 
 class BrokerSettings(BaseSettings):
@@ -51,6 +52,15 @@ class BrokerSettings(BaseSettings):
         if self.reconnect_min_s > self.reconnect_max_s:
             raise ValueError("reconnect_min_s cannot exceed reconnect_max_s")
         return self
+
+    def check_tls_contents(self) -> None:
+        """At start-up, before connecting: TLS files that OpenSSL cannot load stop the service naming them
+        (CannotStart), not its first connection with a traceback. Not a field check: settings are also built
+        and checked where the files are not at hand (the charts' tests render paths of mounted secrets)."""
+        try:
+            check_tls_contents(self.ca_file, self.cert_file, self.key_file)
+        except ValueError as exc:
+            raise CannotStart(str(exc)) from None
 
     def broker_address(self) -> BrokerAddress:
         password = self.broker_password.get_secret_value() if self.broker_password else None

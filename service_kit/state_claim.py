@@ -11,14 +11,16 @@ import fcntl
 import os
 from pathlib import Path
 
+from service_kit.startup import CannotStart
+
 LOCK_FILE = ".lock"
 
 
-class StateDirInUse(ValueError):
+class StateDirInUse(CannotStart, ValueError):
     """Another process (or another open claim) holds this state directory."""
 
 
-class StateDirUnusable(ValueError):
+class StateDirUnusable(CannotStart, ValueError):
     """The state directory cannot be created or written (permissions, a read-only volume)."""
 
 

@@ -15,6 +15,7 @@ line below (plus any new parameter as a settings field). Third parties register 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,25 @@ def register_rule(name: str, fn: RuleFn, summary: str, *, summed: bool = False, 
     return RULES.register(name, Rule(fn, tuple(params.items())), summary=summary,
                           settings=(*params.values(), "clip_norm"),
                           updates=("individual", "summed") if summed else ("individual",))
+
+
+def fewest_updates(rule: str, f: int, beta: float) -> int | None:
+    """The fewest updates a round needs for ``rule`` to tolerate ``f`` Byzantine ones (1: no bound known); None when
+    no number is enough (a trimmed mean that trims nothing cannot exclude anyone)."""
+    if f == 0:
+        return 1
+    if rule in ("median", "geometric_median"):
+        return 2 * f + 1
+    if rule in ("krum", "multi_krum"):
+        return 2 * f + 3
+    if rule == "trimmed_mean":
+        if beta <= 0:
+            return None
+        n = max(1, math.ceil(f / beta) - 1)
+        while math.floor(beta * n) < f:  # floor(beta n) >= f, as the rule computes it in floating point
+            n += 1
+        return n
+    return 1
 
 
 def needs_individual_updates(entry: Entry[Rule]) -> bool:

@@ -19,7 +19,7 @@ from coordinator.settings import CoordinatorSettings
 from coordinator.sites.settings import SiteSettings
 from service_kit.cli_options import settings_command, version_option
 from service_kit.keys import load_or_create_signing_key
-from service_kit.state_claim import StateDirInUse, StateDirUnusable
+from service_kit.startup import CannotStart
 
 # Plain click layout, not rich's table: with some 70 flags, rich's fixed option column left the help
 # a sliver of an 80-column terminal and cut values off; plain text wraps and greps.
@@ -37,7 +37,7 @@ def _serve(log_level: str, service: Callable[[], Any]) -> int:
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         built = service()
-    except (StateDirInUse, StateDirUnusable) as exc:  # what the operator fixes: one line, not a traceback
+    except CannotStart as exc:  # what the operator fixes (a file, a port, a directory): one line, not a traceback
         typer.echo(f"error: cannot start: {exc}", err=True)
         return 2
     stop = threading.Event()

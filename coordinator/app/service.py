@@ -41,6 +41,7 @@ WAKE = ("wake", None, None)
 class CoordinatorService:
     def __init__(self, settings: CoordinatorSettings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
+        settings.check_tls_contents()
         # Claimed before anything in it is read or written, the signing key included: a second coordinator on the
         # directory stops here. Held until ``run`` ends (a service runs once), or ``close`` for one that will not.
         self._claim = StateDirClaim(Path(settings.state_dir), "coordinator",

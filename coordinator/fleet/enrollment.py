@@ -22,6 +22,7 @@ from pathlib import Path
 from protocol.security.signing import PublicKey
 from protocol.topics import check_identifier
 from service_kit.durable import atomic_write_bytes
+from service_kit.startup import CannotStart
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class EnrolledAgent:
     max_samples: int | None = None
 
 
-class EnrollmentError(ValueError):
+class EnrollmentError(CannotStart, ValueError):
     """The enrollment file exists but cannot be used."""
 
 

@@ -17,6 +17,7 @@ from coordinator.telemetry.metrics import CoordinatorMetrics
 from protocol.security.signing import PublicKey
 from protocol.transport.mqtt import Backoff, Connection, MqttLink
 from service_kit.keys import load_or_create_signing_key
+from service_kit.startup import CannotStart
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,18 @@ def coordinator_key(path: Path | None) -> PublicKey | None:
     if path is None:
         log.warning("no --coordinator-key: the root's announcements are taken unverified")
         return None
-    return PublicKey.from_text(path.read_text())
+    try:  # read at start-up (not as a settings check: the charts' tests resolve paths of secrets not mounted there)
+        return PublicKey.from_text(path.read_text())
+    except OSError as exc:
+        raise CannotStart(f"coordinator_key {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CannotStart(f"coordinator_key {path} is not the root's public key file (ed25519:...): {exc}") from None
 
 
 class SiteService:
     def __init__(self, settings: SiteSettings, registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
+        settings.check_tls_contents()
         self.metrics = CoordinatorMetrics(registry)
         self.engine = SiteEngine(settings, self.metrics, signing_key=load_or_create_signing_key(settings.signing_key_path),
                                  coordinator_key=coordinator_key(settings.coordinator_key))

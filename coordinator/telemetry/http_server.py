@@ -8,13 +8,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from service_kit.startup import CannotStart
+
 Check = Callable[[], tuple[bool, str]]
 
 
 class HealthServer:
     def __init__(self, host: str, port: int, registry: CollectorRegistry, healthy: Check, ready: Check) -> None:
         handler = _handler(registry, healthy, ready)
-        self._server = ThreadingHTTPServer((host, port), handler)
+        try:
+            self._server = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:  # a port in use, an address not of this host
+            raise CannotStart(f"cannot serve /metrics on {host}:{port} (http_host, http_port): "
+                              f"{exc.strerror or exc}") from exc
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 

@@ -7,6 +7,7 @@ what ``MqttLink`` connects with; the TLS file checks are shared by both settings
 from __future__ import annotations
 
 import os
+import ssl
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -45,9 +46,11 @@ class BrokerAddress:
             raise ValueError(f"broker URL {url!r} has no host")
         tls = parts.scheme in ("mqtts", "ssl")
         try:
-            port = parts.port or (8883 if tls else 1883)
+            port = parts.port if parts.port is not None else (8883 if tls else 1883)
         except ValueError as exc:
             raise ValueError(f"broker URL {url!r}: {exc}") from None
+        if port == 0:
+            raise ValueError(f"broker URL {url!r}: port 0 names no port")
         return cls(
             host=parts.hostname,
             port=port,
@@ -114,3 +117,21 @@ def check_tls_files(tls: bool, *, ca_file: str | os.PathLike[str] | None = None,
         check_tls_file(name, path, tls)
     if (cert_file is None) != (key_file is None):
         raise ValueError("cert_file and key_file go together: a client certificate needs its private key")
+
+
+def check_tls_contents(ca_file: str | os.PathLike[str] | None, cert_file: str | os.PathLike[str] | None,
+                       key_file: str | os.PathLike[str] | None) -> None:
+    """Load the files as the connection will (OpenSSL): a CA file that holds no certificate, or a certificate and
+    key that are not PEM or not a pair, fail at start-up naming the setting, not at the first connection."""
+    context = ssl.create_default_context()
+    if ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=os.fspath(ca_file))
+        except (ssl.SSLError, ValueError) as exc:
+            raise ValueError(f"ca_file {os.fspath(ca_file)!r} holds no usable PEM certificate ({exc})") from None
+    if cert_file is not None and key_file is not None:
+        try:
+            context.load_cert_chain(os.fspath(cert_file), os.fspath(key_file))
+        except (ssl.SSLError, ValueError) as exc:
+            raise ValueError(f"cert_file {os.fspath(cert_file)!r} and key_file {os.fspath(key_file)!r} are not a PEM "
+                             f"certificate and its private key ({exc})") from None
