@@ -80,6 +80,9 @@ class AgentSettings(BrokerSettings):
 
     threads: int | None = Field(default=None, ge=0, description=(
         "torch CPU threads; unset: the device profile's; 0: torch's default"))
+    tf32: bool = Field(default=False, description=(
+        "on CUDA, let convolutions and matrix products round to TF32 (faster on Ampere and later, about 1e-3 "
+        "relative error per product); off, a GPU's update matches a CPU's to float32 rounding"))
     batch_size: int | None = Field(default=None, ge=1, description=(
         "local batch size unless the coordinator sets one; unset: the device profile's"))
     heartbeat_s: float = Field(default=15.0, gt=0.0, description="seconds between status heartbeats to the coordinator")
@@ -210,6 +213,10 @@ class AgentSettings(BrokerSettings):
             if dp_fields:
                 raise ValueError(f"{', '.join(dp_fields)} set but dp is off: add --dp (FL_AGENT_DP=true)")
             return
+        if self.tf32:
+            raise ValueError("tf32 cannot be on with dp: DP-SGD checks that each batch gradient is the mean of its "
+                             "per-sample gradients to float32 rounding (a term outside them would escape clipping), "
+                             "and TF32 products differ by about 1e-3; turn tf32 off")
         if (self.dp_noise_multiplier is None) == (self.dp_target_epsilon is None):
             raise ValueError("with dp on, set exactly one of dp_noise_multiplier (fixed noise) and "
                              "dp_target_epsilon (noise calibrated to it over dp_planned_rounds)")

@@ -34,6 +34,16 @@ class DeviceProfile:
         return torch.device("cpu")
 
 
+def set_tf32(enabled: bool) -> None:
+    """Whether CUDA convolutions and matrix products may round their inputs to TF32 (Ampere and later, Jetson
+    Orin included), for this whole process. Off, a GPU's round matches the same round on a CPU to float32
+    rounding (a relative distance near 1e-6 after 20 steps, measured on an H200); on (cuDNN's default for
+    convolutions), the first step already differs by about 0.6% and 20 steps by about 24%, since each
+    product keeps 10 mantissa bits. ``bench/device_rounds.py`` times both."""
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+
+
 PROFILES: dict[str, DeviceProfile] = {
     "jetson": DeviceProfile("jetson", batch_size=64, threads=4, accelerator="cuda"),
     "rpi": DeviceProfile("rpi", batch_size=32, threads=2, accelerator="cpu"),

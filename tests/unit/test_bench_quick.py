@@ -34,3 +34,13 @@ def test_compression_codec_bench_prints_its_table() -> None:
     assert re.search(r"^kind\s+encode ms\s+decode ms\s+bytes\s+of none$", out, re.MULTILINE), out
     for kind in ("none", "fp16", "int8", "topk:0.1", "topk:0.01"):
         assert re.search(rf"^{re.escape(kind)}\s+\d+\.\d+\s+\d+\.\d+\s+[\d,]+\s+\d\.\d+$", out, re.MULTILINE), (kind, out)
+
+
+def test_device_rounds_bench_quick_prints_its_table() -> None:
+    """CI has no GPU: the CPU column is timed and the CUDA ones say so (scripts/cuda-check.sh runs it on one)."""
+    out = run_bench("device_rounds.py", "--quick", timeout_s=300)
+    assert re.search(r"^task\s+family\s+algorithm\s+dp\s+records\s+steps\s+cpu ms\s+cuda ms\s+tf32 ms\s+cpu/cuda$",
+                     out, re.MULTILINE), out
+    for dp in ("off", "on"):
+        assert re.search(rf"^digits\s+cnn_large\s+fedavg\s+{dp}\s+\d+\s+\d+\s+\d+\.\d+\s+(-|\d+\.\d+)", out,
+                         re.MULTILINE), (dp, out)

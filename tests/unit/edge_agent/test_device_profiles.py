@@ -1,8 +1,10 @@
-"""A profile that wants CUDA says so, once, at WARNING, when it has to train on the CPU instead."""
+"""A profile that wants CUDA says so, once, at WARNING, when it has to train on the CPU instead; on CUDA an agent
+sets TF32 as configured."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +60,33 @@ def test_jetson_with_cuda_uses_it_silently(caplog: pytest.LogCaptureFixture) -> 
     caplog.set_level(logging.INFO, logger="edge_agent")
     assert profiles.get_profile("jetson").torch_device() == torch.device("cuda")
     assert warnings_about_cuda(caplog) == []
+
+
+@pytest.fixture
+def tf32_flags() -> Iterator[None]:
+    """torch's process-wide TF32 flags, restored afterwards (monkeypatch cannot set the cuBLAS one)."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.usefixtures("tf32_flags")
+@pytest.mark.parametrize("tf32", [False, True])
+def test_an_agent_bound_for_cuda_sets_tf32_as_configured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                         tf32: bool) -> None:
+    """Off by default, so a Jetson's update matches a CPU's (``profiles.set_tf32``); the flags are torch's own.
+    CUDA is only claimed here: building an agent allocates nothing on the device."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = not tf32
+    agent = build_agent(AgentSettings(device="jetson", agent_id="j0", state_dir=tmp_path, tf32=tf32),
+                        set_threads=False)
+    assert agent.worker.device == torch.device("cuda")
+    assert torch.backends.cudnn.allow_tf32 is tf32
+    assert torch.backends.cuda.matmul.allow_tf32 is tf32
+
+
+@pytest.mark.usefixtures("without_cuda", "tf32_flags")
+def test_an_agent_on_the_cpu_leaves_tf32_alone(tmp_path: Path) -> None:
+    torch.backends.cudnn.allow_tf32 = True
+    build_agent(AgentSettings(device="jetson", agent_id="j0", state_dir=tmp_path), set_threads=False)
+    assert torch.backends.cudnn.allow_tf32 is True

@@ -101,6 +101,7 @@ def test_cli_names_the_dp_field_that_is_wrong(tmp_path: Path) -> None:
     ({"dp": True, "dp_noise_multiplier": 1.0, "dp_accountant": "gdp"}, "can report less epsilon than was spent"),
     ({"dp": True, "dp_target_epsilon": 4.0, "dp_planned_rounds": 4, "dp_prototype_noise_multiplier": 2.0},
      "for the training steps alone"),  # the releases would spend the budget before the planned rounds
+    ({"dp": True, "dp_noise_multiplier": 1.0, "tf32": True}, "tf32 cannot be on with dp"),
     ({"dp": True, "dp_noise_multiplier": -1.0}, "dp_noise_multiplier"),
     ({"dp": True, "dp_noise_multiplier": 1.0, "dp_delta": 1.0}, "dp_delta"),
 ])
