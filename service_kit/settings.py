@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_args
 
 import yaml
-from pydantic import SecretStr, ValidationError
+from pydantic import SecretBytes, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 S = TypeVar("S", bound=BaseSettings)
@@ -103,8 +103,12 @@ def _blank_paths(cls: type[BaseSettings], *sources: dict[str, Any]) -> list[str]
 
 
 def _secret(cls: type[BaseSettings], field: str) -> bool:
+    """A field whose value an error must not show: a secret type (``SecretStr | None`` too) or a secret's name."""
     info = cls.model_fields.get(field)
-    return info is not None and (info.annotation is SecretStr or "password" in field or "secret" in field)
+    if info is None:
+        return False
+    kinds = {info.annotation, *get_args(info.annotation)}
+    return bool(kinds & {SecretStr, SecretBytes}) or "password" in field or "secret" in field
 
 
 def _describe(cls: type[BaseSettings], exc: ValidationError) -> str:

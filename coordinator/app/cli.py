@@ -17,6 +17,7 @@ import typer
 
 from coordinator.settings import CoordinatorSettings
 from coordinator.sites.settings import SiteSettings
+from protocol.security.signing import PublicKey
 from service_kit.cli_options import settings_command, version_option
 from service_kit.keys import load_or_create_signing_key
 from service_kit.startup import CannotStart
@@ -98,10 +99,6 @@ def enroll_command(
     with --signing-key-file agent_key.pem --coordinator-key coordinator.pub (and --cert-file
     client.crt --key-file client.key --ca-file <the broker's CA>).
     """
-    from coordinator.fleet.certificates import issue_client_certificate
-    from coordinator.fleet.enrollment import enroll
-    from protocol.security.signing import PublicKey
-
     if public_key is not None and len(agent_ids) != 1:
         raise typer.BadParameter("--public-key registers one device at a time", param_hint="--public-key")
     if (ca_cert is None) != (ca_key is None):
@@ -112,6 +109,19 @@ def enroll_command(
         raise typer.BadParameter(str(exc), param_hint="--public-key") from None
     settings = CoordinatorSettings(state_dir=state_dir, enrolled_agents_file=enrolled_agents_file,
                                    signing_key_file=signing_key_file)
+    try:
+        _enroll_each(settings, agent_ids, given, bundle_dir, max_samples, ca_cert, ca_key, cert_days)
+    except CannotStart as exc:  # a key or enrollment file to fix: one line, as ``run`` says it
+        typer.echo(f"error: cannot enroll: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _enroll_each(settings: CoordinatorSettings, agent_ids: list[str], given: PublicKey | None, bundle_dir: Path,
+                 max_samples: int | None, ca_cert: Path | None, ca_key: Path | None, cert_days: int) -> None:
+    from coordinator.fleet.certificates import issue_client_certificate, load_issuing_ca
+    from coordinator.fleet.enrollment import enroll
+
+    ca = load_issuing_ca(ca_cert, ca_key) if ca_cert is not None and ca_key is not None else None
     coordinator_key = load_or_create_signing_key(settings.signing_key_path).public_key
     for agent_id in agent_ids:
         folder = bundle_dir / agent_id
@@ -119,8 +129,8 @@ def enroll_command(
         key = given or load_or_create_signing_key(folder / "agent_key.pem").public_key
         enroll(settings.enrollment_path, agent_id, key, max_samples)
         (folder / "coordinator.pub").write_text(coordinator_key.to_text() + "\n")
-        if ca_cert is not None and ca_key is not None:
-            issue_client_certificate(ca_cert, ca_key, agent_id, folder, cert_days)
+        if ca is not None:
+            issue_client_certificate(ca, agent_id, folder, cert_days)
         typer.echo(f"enrolled {agent_id} (key {key.key_id}); credentials in {folder}")
 
 

@@ -9,6 +9,7 @@ common name is the agent id, which the broker's ACL then pins to its own topics.
 from __future__ import annotations
 
 import datetime
+from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -17,16 +18,39 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from service_kit.durable import atomic_write_bytes
+from service_kit.startup import CannotStart
 
 
-def issue_client_certificate(ca_cert_file: Path, ca_key_file: Path, agent_id: str, folder: Path,
-                             days: int = 365) -> tuple[Path, Path]:
+class CertificateAuthorityError(CannotStart):
+    """The CA certificate or key given to ``coordinator enroll`` cannot sign: missing, unreadable or not PEM."""
+
+
+@dataclass(frozen=True)
+class IssuingCA:
+    certificate: x509.Certificate
+    key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey | ed25519.Ed25519PrivateKey
+
+
+def load_issuing_ca(ca_cert_file: Path, ca_key_file: Path) -> IssuingCA:
+    """The CA from its PEM certificate and unencrypted PEM key, checked before any device is enrolled."""
+    try:
+        certificate = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise CertificateAuthorityError(f"CA certificate {ca_cert_file}: {exc}") from None
+    try:
+        key = serialization.load_pem_private_key(ca_key_file.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: the key is encrypted
+        raise CertificateAuthorityError(f"CA key {ca_key_file}: {exc}") from None
+    if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
+        raise CertificateAuthorityError(f"CA key {ca_key_file} holds a {type(key).__name__}, not an EC, RSA or "
+                                        "Ed25519 key")
+    return IssuingCA(certificate, key)
+
+
+def issue_client_certificate(ca: IssuingCA, agent_id: str, folder: Path, days: int = 365) -> tuple[Path, Path]:
     """Write ``client.crt`` (CN = ``agent_id``, client authentication only) and ``client.key`` into
-    ``folder``; returns their paths. The CA key must be an unencrypted PEM file."""
-    ca_cert = x509.load_pem_x509_certificate(ca_cert_file.read_bytes())
-    ca_key = serialization.load_pem_private_key(ca_key_file.read_bytes(), password=None)
-    if not isinstance(ca_key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
-        raise ValueError(f"{ca_key_file} holds a {type(ca_key).__name__}, not an EC, RSA or Ed25519 CA key")
+    ``folder``; returns their paths."""
+    ca_cert, ca_key = ca.certificate, ca.key
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.timezone.utc)
     cert = (

@@ -149,7 +149,9 @@ class MqttLink:
         self._pending: deque[paho.MQTTMessageInfo] = deque()
         self._pending_lock = threading.Lock()
         self._client_lock = threading.Lock()
-        """Held while publishing and while the network thread replaces the client (falling back to 3.1.1)."""
+        """Held while publishing, while the network thread replaces the client (falling back to 3.1.1), and
+        from a new socket's opening until its CONNECT is queued (``_hold_publishers``)."""
+        self._holding_publishers = False
         self._unsettled: list[tuple[str, bytes, int, bool]] | None = [] if address.mqtt_version == "auto" else None
         """What was published before the first connect settled the version: sent again by a new client."""
         self._refused_v5 = False
@@ -188,6 +190,7 @@ class MqttLink:
         # loop() does every write. The hook itself has nothing to do.
         client.on_socket_register_write = _no_write_from_caller
         client.on_socket_unregister_write = _no_write_from_caller
+        client.on_socket_open = self._hold_publishers
         return client
 
     # -- lifecycle -----------------------------------------------------------------
@@ -270,6 +273,8 @@ class MqttLink:
             except (OSError, paho.WebsocketConnectionError) as exc:
                 self._sleep_backoff(f"cannot connect to {self.address}: {exc}")
                 continue
+            finally:
+                self._release_publishers()
             rc = MQTTErrorCode.MQTT_ERR_SUCCESS
             while not self._stopping.is_set() and rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 rc = self._client.loop(timeout=0.5)
@@ -303,6 +308,19 @@ class MqttLink:
         # coordinator takes its session back, with what the broker queued for it meanwhile).
         self._client.connect(self.address.host, self.address.port, keepalive=self.keepalive_s,
                              clean_start=not self.persistent_session, properties=properties)
+
+    def _hold_publishers(self, client: paho.Client, userdata: object, sock: object) -> None:
+        """paho's socket-open hook, run on the network thread inside connect: the new socket is the
+        client's, its CONNECT not yet queued. A publish from another thread now would queue its
+        PUBLISH first, and the broker closes a connection whose first packet is not CONNECT; so
+        publishers wait until connect returns (``_release_publishers``), the TCP connect already done."""
+        self._client_lock.acquire()
+        self._holding_publishers = True
+
+    def _release_publishers(self) -> None:
+        if self._holding_publishers:
+            self._holding_publishers = False
+            self._client_lock.release()
 
     def _fall_back_to_311(self) -> None:
         """The broker refused MQTT 5: a new 3.1.1 client, with what was published meanwhile."""

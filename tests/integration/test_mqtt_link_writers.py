@@ -97,6 +97,53 @@ def test_large_messages_from_several_threads_arrive_intact(tmp_path: Path) -> No
     assert "protocol error" not in broker_log.lower(), broker_log
 
 
+def test_a_publish_while_the_link_connects_goes_out_after_connect(tmp_path: Path) -> None:
+    """Between paho giving the client its new socket and queuing CONNECT, a publish from another thread
+    used to queue its PUBLISH first; the broker closes a connection that does not start with CONNECT, and
+    the link reconnected after a back-off. Publishers now wait out that window."""
+    heard: list[str] = []
+    arrived = threading.Event()
+    window: list[bool] = []
+    publishers: list[threading.Thread] = []
+
+    def on_message(topic: str, payload: bytes, retained: bool) -> None:
+        heard.append(topic)
+        arrived.set()
+
+    with MosquittoBroker(workdir=tmp_path / "broker") as broker:
+        address = BrokerAddress.parse(broker.url)
+        receiver = MqttLink("receiver", address, on_message, subscriptions=[("window/#", 1)])
+        receiver.start()
+        assert receiver.wait_connected(30)
+        sender = MqttLink("sender", address, lambda *_: None)
+        link_hook = sender._client.on_socket_open
+
+        def in_the_window(client: object, userdata: object, sock: object) -> None:
+            if link_hook is not None:
+                link_hook(client, userdata, sock)
+            window.append(sender._client_lock.locked())  # publishers are held back here
+            publisher = threading.Thread(target=sender.publish, args=("window/early", b"x"))
+            publishers.append(publisher)
+            publisher.start()
+
+        sender._client.on_socket_open = in_the_window
+        sender.start()
+        try:
+            assert sender.wait_connected(30)
+            # The receiver subscribed in on_connect before sender existed: the message can only be lost
+            # if the sender's connection was refused.
+            assert arrived.wait(TIMEOUT_S), "the publish made while connecting never arrived"
+            assert sender.connects == 1, "the broker closed the sender's first connection"
+        finally:
+            for publisher in publishers:
+                publisher.join(TIMEOUT_S)
+            sender.stop()
+            receiver.stop()
+        broker_log = broker.log_path.read_text(errors="replace")
+    assert window == [True]
+    assert heard == ["window/early"]
+    assert "protocol error" not in broker_log.lower(), broker_log
+
 
 def test_a_link_that_stops_right_after_publishing_disconnects_cleanly(tmp_path: Path) -> None:
     """Every message published before ``stop`` is acknowledged before the DISCONNECT goes out.

@@ -8,6 +8,8 @@ import socket
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
 from typer.testing import CliRunner
 
 from coordinator.app.cli import app as coordinator_app
@@ -90,6 +92,17 @@ def test_errors_about_other_settings_never_print_the_password(monkeypatch: pytes
     with pytest.raises(ConfigError) as own:
         load_settings(CoordinatorSettings, None, {"broker_password": ["s3cret-list"]})  # its own field's error
     assert "broker_password" in str(own.value) and "s3cret" not in str(own.value)
+
+
+class TokenSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FL_TEST_", extra="forbid")
+    api_token: SecretStr | None = None
+
+
+def test_an_optional_secret_is_never_printed_whatever_its_name() -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(TokenSettings, None, {"api_token": ["t0ken-value"]})
+    assert "api_token" in str(refused.value) and "t0ken" not in str(refused.value)
 
 
 def test_a_misspelt_environment_variable_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

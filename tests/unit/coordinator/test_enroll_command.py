@@ -50,3 +50,22 @@ def test_enroll_refuses_half_a_ca_and_a_bad_key(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["enroll", "a", "--state-dir", str(tmp_path), "--public-key", "ed25519:???"])
     assert bad.exit_code == 2 and "public" in bad.output
     assert not (tmp_path / "enrolled.json").exists()
+
+
+def test_unusable_key_and_ca_files_stop_enroll_in_one_line_before_anything_is_enrolled(tmp_path: Path) -> None:
+    ca = TestCA(tmp_path / "ca")
+    (tmp_path / "garbage.pem").write_text("garbage")
+    state, bundles = tmp_path / "state", tmp_path / "bundles"
+    common = ["enroll", "a", "--state-dir", str(state), "--bundle-dir", str(bundles)]
+    cases = [
+        (["--signing-key-file", str(tmp_path / "garbage.pem")], "signing key file"),
+        (["--ca-cert", str(tmp_path / "missing.crt"), "--ca-key", str(ca.key_file)], "CA certificate"),
+        (["--ca-cert", str(ca.cert_file), "--ca-key", str(tmp_path / "garbage.pem")], "CA key"),
+        (["--ca-cert", str(ca.key_file), "--ca-key", str(ca.key_file)], "CA certificate"),  # a key, not a cert
+    ]
+    for extra, names in cases:
+        result = CliRunner().invoke(app, [*common, *extra])
+        assert result.exit_code == 2, (extra, result.output, result.exception)
+        assert "error: cannot enroll:" in result.output and names in result.output, (extra, result.output)
+        assert "Traceback" not in result.output
+        assert not (state / "enrolled.json").exists(), extra
