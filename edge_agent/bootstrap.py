@@ -13,7 +13,7 @@ from edge_agent.attacks import Collusion, build_attack
 from edge_agent.config import AgentSettings
 from edge_agent.data.local import build_local_data
 from edge_agent.identity import check_certificate_identity
-from edge_agent.profiles import get_profile, set_tf32
+from edge_agent.profiles import claim_tf32, get_profile
 from edge_agent.state import AgentStateDir
 from edge_agent.tasks.base import Task
 from edge_agent.tasks.checks import check_model
@@ -64,7 +64,7 @@ def build_agent(settings: AgentSettings, *, set_threads: bool = True, collusion:
         check_certificate_identity(agent_id, settings.cert_file)
     device = profile.torch_device()
     if device.type == "cuda":
-        set_tf32(settings.tf32)  # per process, like the thread count: agents sharing one share it
+        claim_tf32(settings.tf32)
     worker = LocalWorker(agent_id, task, family, data, device, settings.batch_size or profile.batch_size, state,
                          privacy, attack, compressors=settings.compressor_kinds())
     log.info("agent %s: task %s, device %s, family %s on %s, %d train / %d held-out samples",

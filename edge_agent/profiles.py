@@ -44,6 +44,21 @@ def set_tf32(enabled: bool) -> None:
     torch.backends.cuda.matmul.allow_tf32 = enabled
 
 
+_agents_tf32: bool | None = None
+"""What the first agent on CUDA in this process set; the flags are torch's, one pair per process."""
+
+
+def claim_tf32(enabled: bool) -> None:
+    """``set_tf32`` for an agent about to train on CUDA. Agents sharing a process share the flags, so they must
+    agree: one with TF32 on would otherwise turn it on under another's DP-SGD, which refuses it."""
+    global _agents_tf32
+    if _agents_tf32 is not None and _agents_tf32 != enabled:
+        raise ValueError(f"tf32 {'on' if enabled else 'off'} for this agent, {'on' if _agents_tf32 else 'off'} for "
+                         "another agent in this process: torch has one TF32 setting per process")
+    _agents_tf32 = enabled
+    set_tf32(enabled)
+
+
 PROFILES: dict[str, DeviceProfile] = {
     "jetson": DeviceProfile("jetson", batch_size=64, threads=4, accelerator="cuda"),
     "rpi": DeviceProfile("rpi", batch_size=32, threads=2, accelerator="cpu"),

@@ -121,12 +121,16 @@ def _enroll_each(settings: CoordinatorSettings, agent_ids: list[str], given: Pub
     from coordinator.fleet.certificates import issue_client_certificate, load_issuing_ca
     from coordinator.fleet.enrollment import enroll
 
+    # Every file is read (and every missing device key made) before the first device is enrolled.
     ca = load_issuing_ca(ca_cert, ca_key) if ca_cert is not None and ca_key is not None else None
     coordinator_key = load_or_create_signing_key(settings.signing_key_path).public_key
+    keys: dict[str, PublicKey] = {}
     for agent_id in agent_ids:
         folder = bundle_dir / agent_id
         folder.mkdir(parents=True, exist_ok=True)
-        key = given or load_or_create_signing_key(folder / "agent_key.pem").public_key
+        keys[agent_id] = given or load_or_create_signing_key(folder / "agent_key.pem").public_key
+    for agent_id, key in keys.items():
+        folder = bundle_dir / agent_id
         enroll(settings.enrollment_path, agent_id, key, max_samples)
         (folder / "coordinator.pub").write_text(coordinator_key.to_text() + "\n")
         if ca is not None:

@@ -44,7 +44,14 @@ def load_issuing_ca(ca_cert_file: Path, ca_key_file: Path) -> IssuingCA:
     if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
         raise CertificateAuthorityError(f"CA key {ca_key_file} holds a {type(key).__name__}, not an EC, RSA or "
                                         "Ed25519 key")
+    if _spki(key.public_key()) != _spki(certificate.public_key()):  # else brokers would refuse what it signs
+        raise CertificateAuthorityError(f"CA key {ca_key_file} is not the key of CA certificate {ca_cert_file}")
     return IssuingCA(certificate, key)
+
+
+def _spki(public_key: object) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER,  # type: ignore[attr-defined]
+                                   serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def issue_client_certificate(ca: IssuingCA, agent_id: str, folder: Path, days: int = 365) -> tuple[Path, Path]:

@@ -150,8 +150,10 @@ class MqttLink:
         self._pending_lock = threading.Lock()
         self._client_lock = threading.Lock()
         """Held while publishing, while the network thread replaces the client (falling back to 3.1.1), and
-        from a new socket's opening until its CONNECT is queued (``_hold_publishers``)."""
-        self._holding_publishers = False
+        while it connects: paho gives the client its new socket before it queues CONNECT, and a PUBLISH queued
+        in between would go first (the broker closes a connection that does not start with CONNECT). A
+        publish waits out the connect (at most paho's connect timeout); one made while there is no socket is
+        kept by paho and sent after the CONNACK."""
         self._unsettled: list[tuple[str, bytes, int, bool]] | None = [] if address.mqtt_version == "auto" else None
         """What was published before the first connect settled the version: sent again by a new client."""
         self._refused_v5 = False
@@ -190,7 +192,6 @@ class MqttLink:
         # loop() does every write. The hook itself has nothing to do.
         client.on_socket_register_write = _no_write_from_caller
         client.on_socket_unregister_write = _no_write_from_caller
-        client.on_socket_open = self._hold_publishers
         return client
 
     # -- lifecycle -----------------------------------------------------------------
@@ -264,17 +265,19 @@ class MqttLink:
     def _run(self) -> None:
         first = True
         while not self._stopping.is_set():
-            try:
-                if first:
-                    self._connect()
-                    first = False
-                else:
-                    self._client.reconnect()
-            except (OSError, paho.WebsocketConnectionError) as exc:
-                self._sleep_backoff(f"cannot connect to {self.address}: {exc}")
+            failure = None
+            with self._client_lock:  # no PUBLISH ahead of CONNECT (see _client_lock)
+                try:
+                    if first:
+                        self._connect()
+                        first = False
+                    else:
+                        self._client.reconnect()
+                except (OSError, paho.WebsocketConnectionError) as exc:
+                    failure = exc
+            if failure is not None:  # publishers go on queueing meanwhile
+                self._sleep_backoff(f"cannot connect to {self.address}: {failure}")
                 continue
-            finally:
-                self._release_publishers()
             rc = MQTTErrorCode.MQTT_ERR_SUCCESS
             while not self._stopping.is_set() and rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
                 rc = self._client.loop(timeout=0.5)
@@ -308,19 +311,6 @@ class MqttLink:
         # coordinator takes its session back, with what the broker queued for it meanwhile).
         self._client.connect(self.address.host, self.address.port, keepalive=self.keepalive_s,
                              clean_start=not self.persistent_session, properties=properties)
-
-    def _hold_publishers(self, client: paho.Client, userdata: object, sock: object) -> None:
-        """paho's socket-open hook, run on the network thread inside connect: the new socket is the
-        client's, its CONNECT not yet queued. A publish from another thread now would queue its
-        PUBLISH first, and the broker closes a connection whose first packet is not CONNECT; so
-        publishers wait until connect returns (``_release_publishers``), the TCP connect already done."""
-        self._client_lock.acquire()
-        self._holding_publishers = True
-
-    def _release_publishers(self) -> None:
-        if self._holding_publishers:
-            self._holding_publishers = False
-            self._client_lock.release()
 
     def _fall_back_to_311(self) -> None:
         """The broker refused MQTT 5: a new 3.1.1 client, with what was published meanwhile."""

@@ -52,7 +52,7 @@ def test_enroll_refuses_half_a_ca_and_a_bad_key(tmp_path: Path) -> None:
     assert not (tmp_path / "enrolled.json").exists()
 
 
-def test_unusable_key_and_ca_files_stop_enroll_in_one_line_before_anything_is_enrolled(tmp_path: Path) -> None:
+def test_unusable_key_and_ca_files_stop_enroll_in_one_line_before_any_device_is_enrolled(tmp_path: Path) -> None:
     ca = TestCA(tmp_path / "ca")
     (tmp_path / "garbage.pem").write_text("garbage")
     state, bundles = tmp_path / "state", tmp_path / "bundles"
@@ -63,6 +63,11 @@ def test_unusable_key_and_ca_files_stop_enroll_in_one_line_before_anything_is_en
         (["--ca-cert", str(ca.cert_file), "--ca-key", str(tmp_path / "garbage.pem")], "CA key"),
         (["--ca-cert", str(ca.key_file), "--ca-key", str(ca.key_file)], "CA certificate"),  # a key, not a cert
     ]
+    other = TestCA(tmp_path / "other")
+    cases.append((["--ca-cert", str(ca.cert_file), "--ca-key", str(other.key_file)], "is not the key of CA"))
+    (bundles / "b").mkdir(parents=True)
+    (bundles / "b" / "agent_key.pem").write_text("garbage")  # the second device's kept key is unreadable
+    cases.append((["b"], "agent_key.pem"))
     for extra, names in cases:
         result = CliRunner().invoke(app, [*common, *extra])
         assert result.exit_code == 2, (extra, result.output, result.exception)

@@ -63,8 +63,10 @@ def test_jetson_with_cuda_uses_it_silently(caplog: pytest.LogCaptureFixture) -> 
 
 
 @pytest.fixture
-def tf32_flags() -> Iterator[None]:
-    """torch's process-wide TF32 flags, restored afterwards (monkeypatch cannot set the cuBLAS one)."""
+def tf32_flags(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """torch's process-wide TF32 flags, restored afterwards (monkeypatch cannot set the cuBLAS one), in a
+    process where no agent has claimed them yet."""
+    monkeypatch.setattr(profiles, "_agents_tf32", None)
     saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     yield
     torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
@@ -83,6 +85,19 @@ def test_an_agent_bound_for_cuda_sets_tf32_as_configured(monkeypatch: pytest.Mon
     assert agent.worker.device == torch.device("cuda")
     assert torch.backends.cudnn.allow_tf32 is tf32
     assert torch.backends.cuda.matmul.allow_tf32 is tf32
+
+
+@pytest.mark.usefixtures("tf32_flags")
+def test_agents_sharing_a_process_must_agree_on_tf32(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One flag pair per process: an agent with TF32 on would turn it on under another's DP-SGD."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    build_agent(AgentSettings(device="jetson", agent_id="j0", state_dir=tmp_path / "j0", dp=True,
+                              dp_noise_multiplier=1.0), set_threads=False)
+    with pytest.raises(ValueError, match="tf32 on for this agent, off for another agent in this process"):
+        build_agent(AgentSettings(device="jetson", agent_id="j1", state_dir=tmp_path / "j1", tf32=True),
+                    set_threads=False)
+    build_agent(AgentSettings(device="jetson", agent_id="j2", state_dir=tmp_path / "j2"), set_threads=False)
+    assert torch.backends.cudnn.allow_tf32 is False
 
 
 @pytest.mark.usefixtures("without_cuda", "tf32_flags")
