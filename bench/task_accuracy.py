@@ -20,6 +20,10 @@ Measured on mnist-5k (test accuracy; every row seed 0 unless said; 2026-12-02):
   run and from the table's rows): FedAvg 95.70 / 89.30 / 92.90 (mean 92.63), SCAFFOLD 95.00 / 95.60 / 96.40 (mean
   95.67, +3.03 points; ahead on seeds 1 and 2 by 6.3 and 3.5, behind on seed 0 by 0.7); SCAFFOLD's largest fall
   after round 10 20.2 / 2.7 / 0.8 points (seed 0 misses the 5-point goal), FedAvg's 4.0 / 7.8 / 4.4.
+- The late-fall figure depends on the order float32 sums are added in (2026-12-04): SCAFFOLD's tuned row, Dir(0.1)
+  seed 0, run alone through the same helpers, fell 45.2 points after round 10 with torch at 2 threads (twice, the same
+  curve to the digit; final 95.10) and 11.3 at 1 thread (final 94.20), against 20.2 in the table: the thread count
+  only reorders rounding, and the trajectory amplifies it. One run cannot judge the 5-point goal.
 - Dirichlet 0.1, seed 0: FedAvg 95.70; SCAFFOLD 95.00 with local momentum 0.9 and 50 local steps (2026-12-03; 91.30
   at momentum 0 and 25 steps, 69.70 with 2 local epochs). With the coordinator's default norm clip alone
   (each delta and control delta cut to the round's median norm, claims uncapped: the ``-clipped`` rows,
