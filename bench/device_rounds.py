@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -70,7 +71,7 @@ def round_inputs(task: Task, family: str, case: Case) -> tuple[RoundAnnouncement
     model = task.build_model(family, seed=0)
     weights = get_arrays(model)
     names = {name for name, _ in model.named_parameters()}
-    control = {n: a * 0 for n, a in weights.items() if n in names} if case.algorithm == "scaffold" else {}
+    control = {n: np.zeros_like(a) for n, a in weights.items() if n in names} if case.algorithm == "scaffold" else {}
     state = None
     if case.algorithm != "fedproto":  # FedProto's first round needs no global state
         digest = GlobalState.compute_digest(weights, control, None, None)

@@ -15,6 +15,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import PublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from service_kit.durable import atomic_write_bytes
@@ -49,9 +50,8 @@ def load_issuing_ca(ca_cert_file: Path, ca_key_file: Path) -> IssuingCA:
     return IssuingCA(certificate, key)
 
 
-def _spki(public_key: object) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.DER,  # type: ignore[attr-defined]
-                                   serialization.PublicFormat.SubjectPublicKeyInfo)
+def _spki(public_key: PublicKeyTypes) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 def issue_client_certificate(ca: IssuingCA, agent_id: str, folder: Path, days: int = 365) -> tuple[Path, Path]:
