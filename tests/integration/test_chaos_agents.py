@@ -1,9 +1,10 @@
-"""Chaos: in each of 5 rounds, 30% of the agents are SIGKILLed mid-round and restarted at once.
+"""Chaos: in each of 3 rounds, 30% of the agents are SIGKILLed mid-round and restarted at once.
 
 The victims of a round are paused (SIGSTOP) before its announcement can reach them (the coordinator
 is paused until they are), so no victim can answer before its kill, however slow the machine. The
 restarted process sees the round in progress, skips it (the coordinator counted it as dropped) and
-rejoins at the next round; the round itself closes at its deadline with the other 70%.
+rejoins at the next round; the round itself closes at its deadline with the other 70%. Three rounds
+kill nine of the ten agents once each (every round waits out its whole deadline: five took about 30 s more).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 FEDERATION = "chaos-agents"
 AGENTS = 10
 VICTIMS = 3  # 30%
-ROUNDS = 5
+ROUNDS = 3
 DEADLINE_S = 15.0
 
 

@@ -1,8 +1,13 @@
-"""protocol/ and coordinator/ import, and their unit tests pass, where torch cannot be imported.
+"""protocol/ and coordinator/ import, and their rounds run, where torch cannot be imported.
 
 The coordinator image carries no torch (DESIGN.md). A subprocess installs an import blocker
-for torch and opacus, imports every module of both packages, then runs their unit tests
-(and the numpy-only partition tests) through pytest.main without loading any conftest.py.
+for torch and opacus, imports every module of both packages, then runs the coordinator's unit
+tests that drive whole rounds through the engine (each algorithm, FedBuff, the robust rules,
+secure rounds, sites), the protocol's codec and conformance tests and the numpy-only partition
+tests, through pytest.main without loading any conftest.py. The other 1,350 coordinator and
+protocol tests run in the main session only (running them all here again took 75-110 s of each
+CI run): what a lazy import inside one of them would reach, ``test_boundaries.py`` already
+refuses, reading every import statement of both packages, function-level ones included.
 """
 
 from __future__ import annotations
@@ -14,7 +19,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-RUNNER = textwrap.dedent(
+ROUND_TESTS = [f"tests/unit/{name}.py" for name in (
+    "coordinator/test_engine", "coordinator/test_engine_actions", "coordinator/test_engine_algorithms",
+    "coordinator/test_fedbuff", "coordinator/test_fedproto_strategy", "coordinator/test_scaffold_strategy",
+    "coordinator/test_robust_aggregation", "coordinator/test_secure_rounds", "coordinator/test_root_restart_with_sites",
+    "protocol/test_codec", "protocol/test_conformance",
+)]
+"""Tests that run rounds end to end in process (and read and write every message): where a lazy import would run."""
+
+RUNNER = f"ROUND_TESTS = {ROUND_TESTS!r}\n" + textwrap.dedent(
     """
     import importlib
     import importlib.abc
@@ -56,10 +69,8 @@ RUNNER = textwrap.dedent(
 
     import pytest
 
-    code = pytest.main([
-        "tests/unit/protocol", "tests/unit/coordinator", "tests/unit/edge_agent/test_partition.py",
-        "-q", "-p", "no:cacheprovider", "--noconftest",
-    ])
+    code = pytest.main([*ROUND_TESTS, "tests/unit/edge_agent/test_partition.py",
+                        "-q", "-p", "no:cacheprovider", "--noconftest"])
     leaked = sorted(BLOCKED & set(sys.modules))
     if leaked:
         sys.exit(f"blocked modules in sys.modules: {leaked}")
