@@ -39,6 +39,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $install
 fi
 source scripts/setup-venv.sh test
-# Two workers: the integration tests, one at a time, on one (tests/conftest.py schedules them); the unit
-# tests on the other, so their minutes of CPU overlap the integration tests' waits. -n 0: all in this process.
-exec python -m pytest -n 2 "$@"
+exec python -m pytest "$@"
