@@ -39,4 +39,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $install
 fi
 source scripts/setup-venv.sh test
-exec python -m pytest "$@"
+# Two workers (tests/conftest.py schedules them): the integration tests whose deadlines fit the work, one at a
+# time, on one; the few unhurried ones and the unit tests on the other. -n 0: all in this process.
+exec python -m pytest -n 2 "$@"
