@@ -25,7 +25,7 @@ ROUND_TESTS = [f"tests/unit/{name}.py" for name in (
     "coordinator/test_robust_aggregation", "coordinator/test_secure_rounds", "coordinator/test_root_restart_with_sites",
     "protocol/test_codec", "protocol/test_conformance",
 )]
-"""Tests that run rounds end to end in process (and read and write every message): where a lazy import would run."""
+"""Tests that run rounds end to end in process, and encode and decode messages: where a lazy import would run."""
 
 RUNNER = f"ROUND_TESTS = {ROUND_TESTS!r}\n" + textwrap.dedent(
     """
