@@ -127,7 +127,8 @@ def run_fleet(broker_url: str, run_dir: Path, profiles: tuple[str, ...], dp: boo
                    "min_fit_agents": len(agents), "quorum_fraction": 1.0, "round_deadline_s": timeout_s,
                    "agent_timeout_s": timeout_s, "evaluate_final": False, "log_level": "WARNING"}
     name = f"{'dp' if dp else 'nodp'}-{'give-back' if give_back else 'keep'}"
-    fleet = Fleet(run_dir / name, broker_url, spec, coordinator, federation=f"memory-{name}")
+    # Fresh interpreters, as on a device: a forked agent would start from its parent's pages and peak.
+    fleet = Fleet(run_dir / name, broker_url, spec, coordinator, federation=f"memory-{name}", forked=False)
     for process in fleet.agents.values():
         process.argv = [fleet.python, "-c", AGENT, *process.argv[3:]]  # argv was python -m edge_agent ...
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # each profile keeps its own thread count

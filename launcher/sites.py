@@ -9,7 +9,6 @@ its agents and its partial aggregates go up; agents' statuses and updates are no
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from rich.table import Table
 
 from coordinator.state.rounds import RoundSummary
 from launcher.broker import MosquittoBroker
-from launcher.fleet import AgentSpec, Fleet, ManagedProcess, as_flags
+from launcher.fleet import AgentSpec, Fleet, ManagedProcess, as_flags, run_to_end
 from launcher.progress import human_bytes
 from protocol.topics import Topics
 from protocol.transport.mqtt import BrokerAddress
@@ -56,9 +55,11 @@ def site_broker(workdir: Path, federation: str, site_id: str, root: MosquittoBro
 
 
 def site_aggregator(name: str, settings: Mapping[str, Any], log_path: Path,
-                    env: Mapping[str, str] | None = None, python: str = sys.executable) -> ManagedProcess:
-    """``coordinator site`` with ``settings`` as its flags (not started)."""
-    return ManagedProcess(name, [python, "-m", "coordinator", "site", *as_flags(settings)], log_path, env)
+                    env: Mapping[str, str] | None = None, python: str = sys.executable,
+                    forked: bool = True) -> ManagedProcess:
+    """``coordinator site`` with ``settings`` as its flags (not started; ``forked`` as ``ManagedProcess``'s)."""
+    return ManagedProcess(name, [python, "-m", "coordinator", "site", *as_flags(settings)], log_path, env,
+                          forked=forked)
 
 
 PROBE_AGENT = "site-probe"
@@ -127,9 +128,7 @@ class DemoSites:
         bundles = self.run_dir / "sites"
         argv = [sys.executable, "-m", "coordinator", "enroll", *self.brokers, "--state-dir",
                 str(fleet.coordinator_dir), "--bundle-dir", str(bundles)]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"enrolling the sites failed: {done.stdout}{done.stderr}"[-2000:])
+        run_to_end("enrolling the sites", argv, bundles / "enroll.log")
         for site_id, broker in self.brokers.items():
             bundle = bundles / site_id
             self.aggregators[site_id] = site_aggregator(f"site-{site_id}", {

@@ -24,6 +24,7 @@ UNHURRIED = tuple(f"{INTEGRATION}{name}.py::" for name in (
     "test_bench_accuracy",  # launcher.scenarios: every round waits up to an hour for all agents
     "test_bench_privacy_quick",  # 600 s deadlines, all agents needed
     "test_bench_memory",  # 300 s deadlines, all agents needed; measures memory, not time
+    "test_bench_scaffold_reference",  # the paper's algorithm in one process: no broker, no deadline
 ))
 """Integration tests that may run beside the others: no outcome of theirs depends on how fast the machine is."""
 

@@ -43,7 +43,7 @@ def site_process(fleet: Fleet, broker: MosquittoBroker, site_id: str, bundle_dir
     if client_id is not None:
         flags["client_id"] = client_id
     return ManagedProcess(name, [sys.executable, "-m", "coordinator", "site", *as_flags(flags)],
-                          bundle_dir / f"{name}.log")
+                          bundle_dir / f"{name}.log", forked=True)
 
 
 def wait_for_log(process: ManagedProcess, text: str, timeout_s: float, after: int = 0) -> None:

@@ -19,11 +19,21 @@ TESTS = Path(__file__).resolve().parents[1]
 
 RECORD = """
 import os
+import time
 from pathlib import Path
 
 
 def record(name: str) -> None:
     Path(os.environ["RECORD_DIR"], name).write_text(os.environ.get("PYTEST_XDIST_WORKER", "none"))
+
+
+def wait_for_a_unit_test(timeout_s: float = 60.0) -> None:
+    # The integration lane holds its worker until a unit test has run: on the other worker, if the scheduler
+    # is right; if it queued them all behind this lane, this waits in vain and the test fails.
+    deadline = time.monotonic() + timeout_s
+    while not any(Path(os.environ["RECORD_DIR"]).glob("unit-*")):
+        assert time.monotonic() < deadline, "no unit test ran while the integration tests held their worker"
+        time.sleep(0.05)
 """
 
 
@@ -37,12 +47,13 @@ def test_integration_tests_run_on_one_worker_and_the_rest_on_the_other(tmp_path:
     (suite / "record.py").write_text(RECORD)
     for kind, module in (("integration", "integration/test_chaos"), ("unhurried", "integration/test_images"),
                          ("unit", "unit/test_unit")):
+        wait = "    wait_for_a_unit_test()\n" if kind == "integration" else ""
         (suite / "tests" / f"{module}.py").write_text(
-            "import pytest\nfrom record import record\n\n\n@pytest.mark.parametrize('i', range(6))\n"
-            f"def test_{kind}(i):\n    record(f'{kind}-{{i}}')\n")
+            "import pytest\nfrom record import record, wait_for_a_unit_test\n\n\n"
+            f"@pytest.mark.parametrize('i', range(6))\ndef test_{kind}(i):\n{wait}    record(f'{kind}-{{i}}')\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q", "tests"],
                           cwd=suite, env={"RECORD_DIR": str(records), "PYTHONPATH": str(suite), "PATH": ""},
-                          capture_output=True, text=True, timeout=120, check=False)
+                          capture_output=True, text=True, timeout=400, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "18 passed" in done.stdout, done.stdout
     workers = {path.name: path.read_text() for path in records.iterdir()}

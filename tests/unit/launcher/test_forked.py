@@ -1,0 +1,120 @@
+"""The fork server's children are processes of their own: pid, session, environment, log, signals, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher.fleet import ManagedProcess
+from launcher.forked import LOST, PRELOADS, ForkServer, ForkServerError
+
+CHILD = [sys.executable, "-m", "forked_child"]
+"""Found as ``python -m`` finds a module: in the working directory, where ``in_child_dir`` puts a copy."""
+
+
+@pytest.fixture(autouse=True)
+def in_child_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    shutil.copy(Path(__file__).with_name("forked_child.py"), tmp_path / "forked_child.py")
+    monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    started = ForkServer(sys.executable, os.environ, PRELOADS["edge_agent"])
+    yield started
+    started.close()
+
+
+def report(log: Path) -> dict[str, object]:
+    line = next(line for line in log.read_text().splitlines() if line.startswith("{"))
+    fields: dict[str, object] = json.loads(line)
+    return fields
+
+
+def wait_for_report(log: Path, timeout_s: float = 60.0) -> dict[str, object]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if log.exists() and "{" in log.read_text():
+            return report(log)
+        time.sleep(0.05)
+    raise AssertionError(f"no report in {log}")
+
+
+def test_a_child_runs_the_module_in_its_own_session_directory_environment_and_log(
+        server: ForkServer, tmp_path: Path) -> None:
+    env = {**os.environ, "FORKED_CHILD_MARKER": "seen"}
+    children = [server.spawn([*CHILD, "3", f"arg-{i}"], env, tmp_path / f"child-{i}.log") for i in range(2)]
+    assert [child.wait(60) for child in children] == [3, 3]
+    first, second = (report(tmp_path / f"child-{i}.log") for i in range(2))
+    assert first["pid"] == children[0].pid and first["sid"] == children[0].pid  # its own session
+    assert first["cwd"] == str(tmp_path) and first["marker"] == "seen"  # the module was found there, too
+    assert first["argv"] == ["3", "arg-0"] and second["argv"] == ["3", "arg-1"]
+    assert first["torch_loaded"] is True  # imported before the fork, not by the child
+    assert first["draw"] != second["draw"]  # numpy reseeded in each child, not the parent's state twice
+
+
+def test_signals_reach_the_child_and_its_exit_code_comes_back(server: ForkServer, tmp_path: Path) -> None:
+    child = server.spawn([*CHILD, "0", "wait"], dict(os.environ), tmp_path / "child.log")
+    wait_for_report(tmp_path / "child.log")
+    os.kill(child.pid, signal.SIGSTOP)
+    assert child.poll() is None
+    os.kill(child.pid, signal.SIGCONT)
+    child.terminate()
+    assert child.wait(60) == -signal.SIGTERM
+    child.kill()  # after its exit: nothing is signalled
+
+
+def test_an_exception_in_the_child_is_its_exit_code_1_with_the_traceback_in_its_log(
+        server: ForkServer, tmp_path: Path) -> None:
+    child = server.spawn([*CHILD, "0", "raise"], dict(os.environ), tmp_path / "child.log")
+    assert child.wait(60) == 1
+    assert "RuntimeError: planted failure" in (tmp_path / "child.log").read_text()
+
+
+def test_only_python_dash_m_commands_of_the_server_s_own_interpreter_are_run(
+        server: ForkServer, tmp_path: Path) -> None:
+    with pytest.raises(ForkServerError, match="python -m"):
+        server.spawn([sys.executable, "-c", "print(1)"], dict(os.environ), tmp_path / "child.log")
+    with pytest.raises(ForkServerError, match="runs"):
+        server.spawn(["/usr/bin/python-other", "-m", "json.tool"], dict(os.environ), tmp_path / "child.log")
+
+
+def test_a_managed_process_runs_agents_and_coordinators_forked_and_starts_again(tmp_path: Path) -> None:
+    for module in ("edge_agent", "coordinator"):
+        process = ManagedProcess(module, [sys.executable, "-m", module, "--help"], tmp_path / f"{module}.log",
+                                 forked=True)
+        assert process.start().wait(60) == 0
+        assert process.start().wait(60) == 0 and process.starts == 2
+        assert (tmp_path / f"{module}.log").read_text().count("Usage:") == 2
+    with pytest.raises(ForkServerError, match="only python -m"):
+        ManagedProcess("child", [*CHILD, "0"], tmp_path / "child.log", forked=True).start()
+
+
+def test_the_coordinator_s_fork_server_does_not_load_torch(tmp_path: Path) -> None:
+    server = ForkServer(sys.executable, os.environ, PRELOADS["coordinator"])
+    try:
+        child = server.spawn([*CHILD, "0"], dict(os.environ), tmp_path / "child.log")
+        assert child.wait(60) == 0
+        assert report(tmp_path / "child.log")["torch_loaded"] is False
+    finally:
+        server.close()
+
+
+def test_when_the_server_stops_its_children_get_sigterm_and_are_reported_lost(tmp_path: Path) -> None:
+    own = ForkServer(sys.executable, os.environ, ("numpy",))
+    child = own.spawn([*CHILD, "0", "wait"], dict(os.environ), tmp_path / "child.log")
+    wait_for_report(tmp_path / "child.log")
+    own.close()
+    assert child.wait(60) == LOST
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and Path(f"/proc/{child.pid}").exists():
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child.pid}").exists()  # the parent-death signal ended it
