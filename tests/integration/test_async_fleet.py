@@ -72,7 +72,11 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     # A proposal refused as bootstrap_disagrees was accepted into its buffer first (and dropped as it closed).
     refused = sum(n for reason, n in rejected.items() if reason != "bootstrap_disagrees")
     assert accepted + refused == len(updates), (accepted, rejected, len(updates))
-    assert rejected["duplicate"] == rejected["deferred_overflow"] == 0, rejected
+    assert rejected["duplicate"] == 0, rejected
+    # An update that waits for a buffer gives way to its agent's newer one (deferred_overflow: "one of version N
+    # takes its place"), as fast agents do when versions close in a tenth of a second. One waits per agent, so the
+    # queue's own bound (64) is never reached with four: each of these is work its agent had already superseded.
+    assert rejected["deferred_overflow"] <= len(train) - len(AGENTS), rejected
     # Each family adopts one of its proposals at least (the rpi family's may wait a buffer for its second vote: the
     # first is then refused as bootstrap_disagrees, its vote kept); weights after that have no delta base.
     bootstraps = sum(1 for u in train if u.weights)
@@ -80,7 +84,8 @@ def test_fedbuff_versions_admit_stale_work_and_dp_agents(tmp_path: Path, mosquit
     assert rejected["wrong_round"] == 0, rejected
     evaluated = sum(1 for u in updates if u.task == "evaluate")
     assert metric(samples, "fl_update_staleness_versions_count") == accepted - evaluated
-    assert len(train) - (accepted - evaluated) == rejected["too_stale"] + rejected["late"] + rejected["stale_base"]
+    assert len(train) - (accepted - evaluated) == (rejected["too_stale"] + rejected["late"] + rejected["stale_base"]
+                                                   + rejected["deferred_overflow"])
     dp = [u for u in train if u.agent_id == "phone-2"]
     assert dp and all(u.privacy is not None for u in dp)
     # A bootstrap proposal is the seeded model, untrained: it touches no data and spends nothing.
