@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from launcher.forked import ForkedChild, ForkServer
+from launcher.forked import FORK_BY_DEFAULT, ForkedChild, ForkServer
 from launcher.lifeline import die_with_parent
 from protocol.tasks import BUILTIN_CARDS
 
@@ -170,7 +170,7 @@ class ManagedProcess:
 
 
 def run_to_end(what: str, argv: list[str], log_path: Path, env: Mapping[str, str] | None = None, *,
-               forked: bool = True, timeout_s: float = 120.0) -> None:
+               forked: bool = FORK_BY_DEFAULT, timeout_s: float = 120.0) -> None:
     """Run a short command (``coordinator enroll``...) to its end; raise with its log's tail if it fails."""
     process = ManagedProcess(what, argv, log_path, env, forked=forked).start()
     code = process.wait(timeout_s)
@@ -184,7 +184,8 @@ class Fleet:
     """A coordinator and its agents, all talking to ``broker_url``, with state under ``run_dir``."""
 
     def __init__(self, run_dir: Path, broker_url: str, spec: FleetSpec, coordinator_settings: Mapping[str, Any],
-                 *, federation: str = "demo", python: str = sys.executable, forked: bool = True) -> None:
+                 *, federation: str = "demo", python: str = sys.executable,
+                 forked: bool = FORK_BY_DEFAULT) -> None:
         """``forked``: the coordinator and the agents are forks of parents that imported their code once
         (``ManagedProcess``'s ``forked``); False starts each in a fresh interpreter, as on a device (for measuring
         one's memory)."""

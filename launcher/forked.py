@@ -16,6 +16,7 @@ import select
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,6 +33,9 @@ PRELOADS: dict[str, tuple[str, ...]] = {
 """What a command's process imports before its work, by the module it runs (``python -m <module>``): the fork
 server for it imports these once. A child imports anything else itself, as a fresh process does; so the
 coordinator's fork server never loads torch, which the coordinator does not use."""
+FORK_BY_DEFAULT = sys.platform == "linux"
+"""Where the launcher forks its processes unless told otherwise: fork after importing torch is sound on Linux
+(nothing here starts a thread or CUDA before it); on macOS system frameworks refuse to run in a forked child."""
 START_TIMEOUT_S = 180.0
 """For the fork server's imports (a few seconds; a loaded two-core machine stretches them)."""
 LOST = 1
@@ -135,6 +139,10 @@ class ForkServer:
             if server is None or not server.alive:
                 server = cls._shared[key] = cls(python, env, preload)
             return server
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
 
     @property
     def alive(self) -> bool:

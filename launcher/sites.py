@@ -22,6 +22,7 @@ from rich.table import Table
 from coordinator.state.rounds import RoundSummary
 from launcher.broker import MosquittoBroker
 from launcher.fleet import AgentSpec, Fleet, ManagedProcess, as_flags, run_to_end
+from launcher.forked import FORK_BY_DEFAULT
 from launcher.progress import human_bytes
 from protocol.topics import Topics
 from protocol.transport.mqtt import BrokerAddress
@@ -56,7 +57,7 @@ def site_broker(workdir: Path, federation: str, site_id: str, root: MosquittoBro
 
 def site_aggregator(name: str, settings: Mapping[str, Any], log_path: Path,
                     env: Mapping[str, str] | None = None, python: str = sys.executable,
-                    forked: bool = True) -> ManagedProcess:
+                    forked: bool = FORK_BY_DEFAULT) -> ManagedProcess:
     """``coordinator site`` with ``settings`` as its flags (not started; ``forked`` as ``ManagedProcess``'s)."""
     return ManagedProcess(name, [python, "-m", "coordinator", "site", *as_flags(settings)], log_path, env,
                           forked=forked)

@@ -25,6 +25,7 @@ UNHURRIED = tuple(f"{INTEGRATION}{name}.py::" for name in (
     "test_bench_privacy_quick",  # 600 s deadlines, all agents needed
     "test_bench_memory",  # 300 s deadlines, all agents needed; measures memory, not time
     "test_bench_scaffold_reference",  # the paper's algorithm in one process: no broker, no deadline
+    "test_bench_agent_start",  # waits (up to 600 s) for agents to come online; times are reported, not asserted
 ))
 """Integration tests that may run beside the others: no outcome of theirs depends on how fast the machine is."""
 

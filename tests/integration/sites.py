@@ -12,6 +12,7 @@ from pathlib import Path
 from launcher import sites
 from launcher.broker import MosquittoBroker, free_port
 from launcher.fleet import Fleet, ManagedProcess, as_flags
+from launcher.forked import FORK_BY_DEFAULT
 from tests.integration.wire import wait_until
 
 
@@ -43,7 +44,7 @@ def site_process(fleet: Fleet, broker: MosquittoBroker, site_id: str, bundle_dir
     if client_id is not None:
         flags["client_id"] = client_id
     return ManagedProcess(name, [sys.executable, "-m", "coordinator", "site", *as_flags(flags)],
-                          bundle_dir / f"{name}.log", forked=True)
+                          bundle_dir / f"{name}.log", forked=FORK_BY_DEFAULT)
 
 
 def wait_for_log(process: ManagedProcess, text: str, timeout_s: float, after: int = 0) -> None:
