@@ -1,4 +1,4 @@
-"""The launcher's side of ``launcher/forkserver.py``: agent processes forked from a parent that imported torch once.
+"""The launcher's side of ``launcher/forkserver.py``: processes forked from a parent that imported their code once.
 
 ``ForkServer.shared(argv, env)`` starts (once per interpreter, command module and import-time environment) the
 preloaded parent; ``spawn`` asks it for a child and returns a ``ForkedChild``, which answers what the launcher asks of a
@@ -35,7 +35,8 @@ server for it imports these once. A child imports anything else itself, as a fre
 coordinator's fork server never loads torch, which the coordinator does not use."""
 FORK_BY_DEFAULT = sys.platform == "linux"
 """Where the launcher forks its processes unless told otherwise: fork after importing torch is sound on Linux
-(nothing here starts a thread or CUDA before it); on macOS system frameworks refuse to run in a forked child."""
+(the parent starts no thread and no CUDA before it); elsewhere, macOS above all, a fork without exec is not safe
+for every library (Apple's frameworks may abort in the child), so each process is a fresh interpreter."""
 START_TIMEOUT_S = 180.0
 """For the fork server's imports (a few seconds; a loaded two-core machine stretches them)."""
 LOST = 1

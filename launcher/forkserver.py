@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from launcher.lifeline import die_with_parent
+from launcher.lifeline import die_with_parent, name_process
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,7 @@ def run_child(request: ChildRequest) -> None:
     """Become ``python -m <module> <args>`` in the request's directory, environment and log file."""
     os.setsid()  # its own session, as the launcher's fresh processes: a terminal's Ctrl-C reaches only the launcher
     die_with_parent()
+    name_process(request.module.replace("_", "-"))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(request.cwd)
     os.environ.clear()

@@ -17,7 +17,7 @@ if __name__ == "__main__":
     print(json.dumps({
         "pid": os.getpid(), "sid": os.getsid(0), "cwd": os.getcwd(), "argv": sys.argv[1:],
         "marker": os.environ.get("FORKED_CHILD_MARKER"), "draw": float(np.random.random()),
-        "torch_loaded": "torch" in sys.modules,
+        "torch_loaded": "torch" in sys.modules, "comm": open("/proc/self/comm").read().strip(),
     }), flush=True)
     if sys.argv[2:] == ["raise"]:
         raise RuntimeError("planted failure")

@@ -58,6 +58,7 @@ def test_a_child_runs_the_module_in_its_own_session_directory_environment_and_lo
     assert first["cwd"] == str(tmp_path) and first["marker"] == "seen"  # the module was found there, too
     assert first["argv"] == ["3", "arg-0"] and second["argv"] == ["3", "arg-1"]
     assert first["torch_loaded"] is True  # imported before the fork, not by the child
+    assert first["comm"] == "forked-child"  # what top shows: the module's name, not the parent's python
     assert first["draw"] != second["draw"]  # numpy reseeded in each child, not the parent's state twice
 
 
