@@ -5,7 +5,8 @@ other end of the control socket ``<fd>``; it imports the modules named, then ser
 3 CPU seconds importing torch, numpy, pydantic and the agent's own code before it does anything: for a fleet of
 ten on a two-core machine, some fifteen seconds of wall time. Here that is paid once; each agent is a ``fork``
 of this process, then runs ``edge_agent`` as ``python -m`` would. It is still a process of its own: its own pid,
-session, environment, working directory, log file, broker connection and state directory; SIGSTOP, SIGKILL and
+session, environment (with whatever the preloaded imports set, as a fresh process importing them would have),
+working directory, log file, broker connection and state directory; SIGSTOP, SIGKILL and
 SIGTERM reach it as they would a fresh one; its exit code comes back to the launcher.
 
 Protocol, per child: the launcher passes one end of a fresh socket pair over the control socket; on it, the
@@ -72,8 +73,10 @@ def read_line(channel: socket.socket, limit: int = 1 << 20) -> bytes:
 class Server:
     """The accept-fork-reap loop; ``serve`` returns only in a forked child, with what it is to run."""
 
-    def __init__(self, control: socket.socket) -> None:
+    def __init__(self, control: socket.socket, import_env: dict[str, str]) -> None:
         self.control = control
+        self.import_env = import_env
+        """Variables the preloaded imports set: a fresh process would have them too, whatever its environment."""
         self.children: dict[int, socket.socket] = {}
         self.wake_read, self.wake_write = socket.socketpair()
         for end in (self.wake_read, self.wake_write):
@@ -102,15 +105,22 @@ class Server:
                     return request
 
     def _fork(self, channel: socket.socket) -> ChildRequest | None:
+        channel.settimeout(30.0)  # a launcher that died between passing the socket and writing must not hang us
         try:
             request = ChildRequest.parse(read_line(channel))
         except (ValueError, KeyError, TypeError, OSError) as exc:
             send_line(channel, {"error": f"bad request: {exc}"})
             channel.close()
             return None
+        channel.settimeout(None)
+        request.env.update(self.import_env)
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             self._become_child(channel)
+            die_with_parent()
+            if os.getppid() != parent:  # the server died before the parent-death signal was armed
+                os._exit(1)
             return request
         self.children[pid] = channel
         send_line(channel, {"pid": pid})
@@ -149,7 +159,6 @@ class Server:
 def run_child(request: ChildRequest) -> None:
     """Become ``python -m <module> <args>`` in the request's directory, environment and log file."""
     os.setsid()  # its own session, as the launcher's fresh processes: a terminal's Ctrl-C reaches only the launcher
-    die_with_parent()
     name_process(request.module.replace("_", "-"))
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(request.cwd)
@@ -180,6 +189,7 @@ def _reseed_generators() -> None:
 def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[1]))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops it by closing the control socket
+    before = dict(os.environ)
     try:
         for name in argv[2:]:
             importlib.import_module(name)
@@ -187,7 +197,7 @@ def main(argv: list[str]) -> None:
         control.send(f"error: preloading failed: {type(exc).__name__}: {exc}".encode())
         raise SystemExit(1) from exc
     control.send(b"ready")
-    request = Server(control).serve()
+    request = Server(control, {k: v for k, v in os.environ.items() if before.get(k) != v}).serve()
     if request is not None:
         run_child(request)
 

@@ -16,7 +16,7 @@ import numpy as np
 if __name__ == "__main__":
     print(json.dumps({
         "pid": os.getpid(), "sid": os.getsid(0), "cwd": os.getcwd(), "argv": sys.argv[1:],
-        "marker": os.environ.get("FORKED_CHILD_MARKER"), "draw": float(np.random.random()),
+        "marker": os.environ.get("FORKED_CHILD_MARKER"), "set_at_import": os.environ.get("SET_AT_IMPORT"), "draw": float(np.random.random()),
         "torch_loaded": "torch" in sys.modules, "comm": open("/proc/self/comm").read().strip(),
     }), flush=True)
     if sys.argv[2:] == ["raise"]:

@@ -109,6 +109,17 @@ def test_the_coordinator_s_fork_server_does_not_load_torch(tmp_path: Path) -> No
         server.close()
 
 
+def test_variables_the_preloaded_imports_set_survive_the_child_s_own_environment(tmp_path: Path) -> None:
+    (tmp_path / "sets_env.py").write_text("import os\nos.environ['SET_AT_IMPORT'] = 'yes'\n")
+    server = ForkServer(sys.executable, os.environ, ("sets_env",))  # found in the working directory, as -m would
+    try:
+        child = server.spawn([*CHILD, "0"], {**os.environ, "SET_AT_IMPORT": "no"}, tmp_path / "child.log")
+        assert child.wait(60) == 0
+        assert report(tmp_path / "child.log")["set_at_import"] == "yes"  # as in a fresh process importing it
+    finally:
+        server.close()
+
+
 def test_when_the_server_stops_its_children_get_sigterm_and_are_reported_lost(tmp_path: Path) -> None:
     own = ForkServer(sys.executable, os.environ, ("numpy",))
     child = own.spawn([*CHILD, "0", "wait"], dict(os.environ), tmp_path / "child.log")
