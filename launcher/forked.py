@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -48,31 +49,48 @@ class ForkServerError(RuntimeError):
 
 
 class ForkedChild:
-    """A child of the fork server, seen from the launcher like a ``subprocess.Popen``."""
+    """A child of the fork server, seen from the launcher like a ``subprocess.Popen``.
 
-    def __init__(self, argv: list[str], pid: int, channel: socket.socket) -> None:
+    Signals go through a pidfd where the kernel has them (Linux 5.3+): the fork server reaps a child at once, so
+    unlike a ``Popen``'s zombie nothing holds its pid between its exit and the launcher hearing of it."""
+
+    def __init__(self, argv: list[str], pid: int, channel: socket.socket, received: bytes = b"") -> None:
         self.args = argv
         self.pid = pid
         self.returncode: int | None = None
         self._channel = channel
-        self._buffer = b""
+        self._buffer = received
+        """What arrived after the pid line: the exit code already, for a child that exits at once."""
         self._lock = threading.Lock()
+        self._pidfd = _open_pidfd(pid)
+        self._server_lost = False
 
     def poll(self) -> int | None:
-        return self._collect(0.0)
+        # As Popen.poll: never blocks behind a wait() in another thread; it answers None until that one is done.
+        if not self._lock.acquire(blocking=False):
+            return self.returncode
+        try:
+            return self._collect(0.0)
+        finally:
+            self._lock.release()
 
     def wait(self, timeout: float | None = None) -> int:
-        code = self._collect(timeout)
+        with self._lock:
+            code = self._collect(timeout)
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return code
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # never signal a pid that may already belong to another process
-            try:
+        if self.poll() is not None:  # never signal a pid that may already belong to another process
+            return
+        try:
+            if self._pidfd is not None:
+                signal.pidfd_send_signal(self._pidfd, sig)
+            else:
                 os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        except ProcessLookupError:
+            pass
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -81,24 +99,43 @@ class ForkedChild:
         self.send_signal(signal.SIGKILL)
 
     def _collect(self, timeout: float | None) -> int | None:
-        """The exit code once the fork server has sent it, waiting up to ``timeout`` (None: for ever)."""
-        with self._lock:
-            if self.returncode is not None:
-                return self.returncode
-            ready, _, _ = select.select([self._channel], [], [], timeout)
-            while ready and self.returncode is None:
-                chunk = self._channel.recv(4096)
-                if not chunk:  # the fork server died: its children got SIGTERM (parent-death signal)
-                    self.returncode = LOST
-                    break
-                self._buffer += chunk
-                if self._buffer.endswith(b"\n"):
-                    self.returncode = int(json.loads(self._buffer)["returncode"])
-                    break
-                ready, _, _ = select.select([self._channel], [], [], timeout)
-            if self.returncode is not None:
-                self._channel.close()
+        """The exit code once the fork server has sent it, waiting up to ``timeout`` (None: for ever).
+        The caller holds ``_lock``."""
+        if self.returncode is not None:
             return self.returncode
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer and not self._server_lost:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._channel], [], [], left)[0]:
+                return None
+            chunk = self._channel.recv(4096)
+            if chunk:
+                self._buffer += chunk
+            else:  # the fork server died: its children got SIGTERM (parent-death signal)
+                self._server_lost = True
+        if b"\n" in self._buffer:
+            self.returncode = int(json.loads(self._buffer.split(b"\n", 1)[0])["returncode"])
+        elif self._pidfd is None or select.select([self._pidfd], [], [],
+                                                   None if deadline is None else
+                                                   max(0.0, deadline - time.monotonic()))[0]:
+            self.returncode = LOST  # gone, its exit code with the server; without a pidfd, assumed gone
+        else:
+            return None  # still shutting down (or stopped, its SIGTERM pending)
+        self._close()
+        return self.returncode
+
+    def _close(self) -> None:
+        self._channel.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # no pidfds (old kernel, not Linux), or the child is gone already
+        return None
 
 
 class ForkServer:
@@ -138,6 +175,8 @@ class ForkServer:
         with cls._shared_lock:
             server = cls._shared.get(key)
             if server is None or not server.alive:
+                if server is not None:
+                    server.close()  # reaps it and closes its socket
                 server = cls._shared[key] = cls(python, env, preload)
             return server
 
@@ -154,20 +193,21 @@ class ForkServer:
         if argv[0] != self.python:
             raise ForkServerError(f"this fork server runs {self.python}, not {argv[0]}")
         ours, theirs = socket.socketpair()
-        with theirs:
-            with self._lock:
-                try:
-                    socket.send_fds(self._control, [b"f"], [theirs.fileno()])
-                except OSError as exc:
-                    ours.close()
-                    raise ForkServerError(f"the fork server is gone: {exc}") from exc
-        request = {"argv": [str(a) for a in argv], "env": dict(env), "cwd": os.getcwd(), "log_path": str(log_path)}
-        ours.sendall(json.dumps(request).encode() + b"\n")
-        reply = _read_reply(ours)
+        try:
+            with theirs, self._lock:
+                socket.send_fds(self._control, [b"f"], [theirs.fileno()])
+            # An absolute log path: the child opens it after moving to cwd, but an error there has no log to go to.
+            request = {"argv": [str(a) for a in argv], "env": dict(env), "cwd": os.getcwd(),
+                       "log_path": str(Path(log_path).absolute())}
+            ours.sendall(json.dumps(request).encode() + b"\n")
+            reply, rest = _read_reply(ours)
+        except OSError as exc:
+            ours.close()
+            raise ForkServerError(f"the fork server is gone: {exc}") from exc
         if "pid" not in reply:
             ours.close()
             raise ForkServerError(reply.get("error", f"unexpected answer {reply}"))
-        return ForkedChild(argv, int(reply["pid"]), ours)
+        return ForkedChild(argv, int(reply["pid"]), ours, rest)
 
     def close(self) -> None:
         """Stop the server (its remaining children get SIGTERM)."""
@@ -187,21 +227,23 @@ class ForkServer:
             server.close()
 
 
-def _read_reply(channel: socket.socket, timeout_s: float = 60.0) -> dict[str, Any]:
+def _read_reply(channel: socket.socket, timeout_s: float = 60.0) -> tuple[dict[str, Any], bytes]:
+    """The server's first line, and whatever came after it (a child that exited at once: its exit code)."""
     channel.settimeout(timeout_s)
     data = b""
     try:
-        while not data.endswith(b"\n"):
+        while b"\n" not in data:
             chunk = channel.recv(4096)
             if not chunk:
-                return {"error": "the fork server closed the child's socket before answering"}
+                return {"error": "the fork server closed the child's socket before answering"}, b""
             data += chunk
     except TimeoutError:
-        return {"error": f"no answer from the fork server within {timeout_s:.0f} s"}
+        return {"error": f"no answer from the fork server within {timeout_s:.0f} s"}, b""
     finally:
         channel.settimeout(None)
-    answer: dict[str, Any] = json.loads(data)
-    return answer
+    line, rest = data.split(b"\n", 1)
+    answer: dict[str, Any] = json.loads(line)
+    return answer, rest
 
 
 atexit.register(ForkServer.close_shared)

@@ -95,7 +95,10 @@ class Server:
                     self._drain_wake()
                     self._reap()
                     continue
-                message, fds, _, _ = socket.recv_fds(self.control, 16, 1)
+                try:
+                    message, fds, _, _ = socket.recv_fds(self.control, 16, 1)
+                except OSError:  # e.g. out of file descriptors: that start fails (the launcher times out), not all
+                    continue
                 if not message:
                     return None  # the launcher is gone
                 if not fds:
@@ -115,7 +118,14 @@ class Server:
         channel.settimeout(None)
         request.env.update(self.import_env)
         parent = os.getpid()
-        pid = os.fork()
+        for stream in (sys.stdout, sys.stderr):  # nothing of ours may turn up in the child's log
+            stream.flush()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # out of processes or memory: this start fails, the running children go on
+            send_line(channel, {"error": f"cannot fork: {exc}"})
+            channel.close()
+            return None
         if pid == 0:
             self._become_child(channel)
             die_with_parent()

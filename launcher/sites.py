@@ -129,7 +129,7 @@ class DemoSites:
         bundles = self.run_dir / "sites"
         argv = [sys.executable, "-m", "coordinator", "enroll", *self.brokers, "--state-dir",
                 str(fleet.coordinator_dir), "--bundle-dir", str(bundles)]
-        run_to_end("enrolling the sites", argv, bundles / "enroll.log")
+        run_to_end("enrolling the sites", argv, bundles / "enroll.log", fleet.coordinator.env)  # its fork server
         for site_id, broker in self.brokers.items():
             bundle = bundles / site_id
             self.aggregators[site_id] = site_aggregator(f"site-{site_id}", {

@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from launcher.fleet import ManagedProcess
-from launcher.forked import LOST, PRELOADS, ForkServer, ForkServerError
+from launcher.forked import LOST, PRELOADS, ForkedChild, ForkServer, ForkServerError, _read_reply
 
 CHILD = [sys.executable, "-m", "forked_child"]
 """Found as ``python -m`` finds a module: in the working directory, where ``in_child_dir`` puts a copy."""
@@ -46,6 +48,21 @@ def wait_for_report(log: Path, timeout_s: float = 60.0) -> dict[str, object]:
             return report(log)
         time.sleep(0.05)
     raise AssertionError(f"no report in {log}")
+
+
+def state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z...), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def wait_until_stopped(pid: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while state(pid) != "T":
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.01)
 
 
 def test_a_child_runs_the_module_in_its_own_session_directory_environment_and_log(
@@ -120,13 +137,30 @@ def test_variables_the_preloaded_imports_set_survive_the_child_s_own_environment
         server.close()
 
 
-def test_when_the_server_stops_its_children_get_sigterm_and_are_reported_lost(tmp_path: Path) -> None:
+def test_when_the_server_stops_its_children_get_sigterm_and_are_reported_lost_once_gone(tmp_path: Path) -> None:
     own = ForkServer(sys.executable, os.environ, ("numpy",))
-    child = own.spawn([*CHILD, "0", "wait"], dict(os.environ), tmp_path / "child.log")
-    wait_for_report(tmp_path / "child.log")
+    running = own.spawn([*CHILD, "0", "wait"], dict(os.environ), tmp_path / "running.log")
+    stopped = own.spawn([*CHILD, "0", "wait"], dict(os.environ), tmp_path / "stopped.log")
+    for log in ("running.log", "stopped.log"):
+        wait_for_report(tmp_path / log)
+    os.kill(stopped.pid, signal.SIGSTOP)
+    wait_until_stopped(stopped.pid)  # stopped before its SIGTERM comes, which it would otherwise take first
     own.close()
-    assert child.wait(60) == LOST
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and Path(f"/proc/{child.pid}").exists():
-        time.sleep(0.05)
-    assert not Path(f"/proc/{child.pid}").exists()  # the parent-death signal ended it
+    assert running.wait(60) == LOST  # the parent-death signal ended it
+    assert state(running.pid) in ("gone", "Z")  # exited (a zombie until whoever adopted it reaps it)
+    # A stopped child holds its SIGTERM until it runs again: still there, so still signalled and not reported gone.
+    with pytest.raises(subprocess.TimeoutExpired):
+        stopped.wait(0.2)
+    assert state(stopped.pid) == "T" and stopped.poll() is None
+    stopped.kill()
+    assert stopped.wait(60) == LOST
+
+
+def test_an_exit_code_that_arrives_with_the_pid_is_not_lost() -> None:
+    """A child that exits at once: the server's two lines (pid, exit code) can come in one read."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        theirs.sendall(b'{"pid": %d}\n{"returncode": 3}\n' % os.getpid())
+        reply, rest = _read_reply(ours)
+    assert reply == {"pid": os.getpid()}
+    assert ForkedChild(["x"], reply["pid"], ours, rest).poll() == 3
