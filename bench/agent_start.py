@@ -27,13 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from scale_run import cpu_seconds
+
 from launcher.broker import MosquittoBroker
 from launcher.fleet import Fleet, FleetSpec, default_fleet
 from launcher.forked import ForkServer
 
 READY = "round 1 (train): selected"
 TIMEOUT_S = 600.0
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -43,15 +44,6 @@ class Row:
     seconds: float
     agent_cpu_s: float
     parent_cpu_s: float | None
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of a live process; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 def wait_for_log(path: Path, text: str, timeout_s: float) -> None:
@@ -80,11 +72,11 @@ def one_row(agents: int, mode: str, workdir: Path) -> Row:
         fleet.start_agents()
         wait_for_log(log, READY, TIMEOUT_S)
         seconds = time.monotonic() - start
-        agent_cpu = sum(cpu_seconds(p.pid) for p in fleet.agents.values())
+        agent_cpu = sum(cpu_seconds(p.pid) or 0.0 for p in fleet.agents.values() if p.pid is not None)
         parent = None
         if forked:
             first = next(iter(fleet.agents.values()))
-            parent = cpu_seconds(ForkServer.shared(first.argv, first.env).pid)
+            parent = cpu_seconds(ForkServer.shared(first.argv, first.env).pid) or 0.0
         return Row(agents, mode, seconds, agent_cpu, parent)
     finally:
         fleet.stop()
