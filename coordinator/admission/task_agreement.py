@@ -46,6 +46,7 @@ def _fingerprint(layout: tuple[tuple[str, tuple[int, ...], str], ...]) -> str:
 class TaskAgreement:
     def __init__(self, card: TaskCard) -> None:
         self.card = card
+        self._ref = card.ref  # built once: read for every status of every scan
         self.layouts: dict[str, str] = {}
         """Pinned layout fingerprint per family."""
         self.described: dict[str, FamilyLayout] = dict(card.layouts)
@@ -63,8 +64,8 @@ class TaskAgreement:
 
     def status_problem(self, status: AgentStatus) -> str | None:
         """Why an agent with this status cannot take part, or None."""
-        if status.task_ref != self.card.ref:
-            return f"runs task {status.task_ref}, this run trains {self.card.ref}"
+        if status.task_ref != self._ref:
+            return f"runs task {status.task_ref}, this run trains {self._ref}"
         pinned = self.layouts.get(status.family)
         if pinned is not None and status.layout != pinned:
             return f"its {status.family} model has layout {status.layout}, the run's is {pinned}"
@@ -86,7 +87,7 @@ class TaskAgreement:
                 self.revision += 1
         votes: dict[str, Counter[str]] = {}
         for status in statuses:
-            if status.task_ref == self.card.ref:
+            if status.task_ref == self._ref:
                 votes.setdefault(status.family, Counter())[status.layout] += 1
         for family, counter in sorted(votes.items(), key=lambda item: (item[0] not in self.card.families, item[0])):
             if family not in self.layouts and not self._room_for(family):

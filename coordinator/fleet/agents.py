@@ -205,6 +205,10 @@ class AgentRegistry:
         index, agents = self._index, self._agents
         return [agents[a] for a in index.sorted_ids(now) if index.counted(a).trains]
 
+    def available_count(self, now: float) -> int:
+        """``len(self.available(now))`` in O(devices)."""
+        return self._index.available_count(now)
+
     def evaluable(self, now: float) -> list[AgentRecord]:
         """Agents that may score a model on their held-out data: the available ones, and those whose DP
         budget is spent (evaluation trains nothing and spends no budget; their training records stay out)."""

@@ -115,6 +115,10 @@ class LiveIndex:
     def counted(self, agent_id: str) -> Counted:
         return self._live[agent_id]
 
+    def available_count(self, now: float) -> int:
+        self._at(now)
+        return sum(self._available.values())
+
     def available_by_device(self, now: float) -> Counter[str]:
         self._at(now)
         return Counter(self._available)

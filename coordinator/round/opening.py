@@ -45,9 +45,14 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     s = parts.settings
     number = run.next_round
     task = "train" if number <= s.rounds else "evaluate"
+    if task == "train" and (not run.connected or parts.registry.available_count(now) < s.min_available_agents):
+        # Too few whatever their statuses say. The scans below cost O(agents) and this runs after every
+        # message: a fleet of 4,000 coming online spent 9 s in them before round 1 (O(agents^2)).
+        _log_waiting(parts, run, now, task, None)
+        return False
     pool = parts.registry.available(now) if task == "train" else parts.registry.evaluable(now)
-    card = parts.task.card
-    willing = [r for r in pool if r.status.task_ref == card.ref and r.status.problem is None]
+    ref = parts.task.card.ref
+    willing = [r for r in pool if r.status.problem is None and r.status.task_ref == ref]
     if run.connected and len(willing) >= s.min_available_agents:  # a quorum's majority, never the first hello
         revision = parts.task.revision
         parts.task.pin((r.status for r in willing), {f: st.weights for f, st in parts.strategy.states.items()})
@@ -59,13 +64,7 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     if not run.connected or len(available) < s.min_available_agents:
         if len(willing) < s.min_available_agents:  # layouts wait for a quorum: count who would take part
             available = [r.agent_id for r in willing]
-        if now - run.last_wait_log > WAIT_LOG_EVERY_S:
-            spent = parts.registry.budget_spent_count(now) if task == "train" else 0
-            enrolled = parts.enrollment.agent_ids() if parts.enrollment is not None else ()
-            log.info("waiting for agents: %d online, %d needed%s%s", len(available), s.min_available_agents,
-                     f" ({spent} more have spent their privacy budget and train no more)" if spent else "",
-                     not_available(parts.registry, enrolled, available, now))
-            run.last_wait_log = now
+        _log_waiting(parts, run, now, task, available)
         return False
     fraction, minimum, over = parts.policy.selection(task, s.fraction_fit, s.min_fit_agents, s.over_selection)
     plan = plan_selection(available, number, seed=s.seed, fraction=fraction, minimum=minimum,
@@ -105,6 +104,21 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     log.info("round %d (%s): selected %d of %d agents (%d wanted), deadline %.0fs",
              number, task, len(selected), len(available), wanted, s.round_deadline_s)
     return True
+
+
+def _log_waiting(parts: EngineParts, run: RunState, now: float, task: str, available: list[str] | None) -> None:
+    """At most every ``WAIT_LOG_EVERY_S``: how many agents are ready, of how many needed, and why the others are
+    not. ``available``: the ready ids, or None for the registry's available agents (read only when logging)."""
+    if now - run.last_wait_log <= WAIT_LOG_EVERY_S:
+        return
+    if available is None:
+        available = [r.agent_id for r in parts.registry.available(now)]
+    spent = parts.registry.budget_spent_count(now) if task == "train" else 0
+    enrolled = parts.enrollment.agent_ids() if parts.enrollment is not None else ()
+    log.info("waiting for agents: %d online, %d needed%s%s", len(available), parts.settings.min_available_agents,
+             f" ({spent} more have spent their privacy budget and train no more)" if spent else "",
+             not_available(parts.registry, enrolled, available, now))
+    run.last_wait_log = now
 
 
 def _tell_the_minority(parts: EngineParts, run: RunState, willing: list[AgentRecord]) -> None:

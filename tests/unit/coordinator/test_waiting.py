@@ -69,3 +69,27 @@ def test_with_open_enrollment_the_agents_heard_from_are_named(tmp_path: Path,
         engine.tick()
     assert "waiting for agents: 2 online, 3 needed" in caplog.text  # nobody known is missing: no list
     assert "not available" not in caplog.text
+
+
+def test_a_fleet_coming_online_is_scanned_once_not_once_per_status(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every status ticks the engine; before a quorum is online nothing may look at every agent's status (a fleet
+    of 4,000 coming online spent 9 s of the loop in those scans before round 1). Counted, not timed."""
+    agents = 120
+    engine, outbox, _ = make_engine(tmp_path, Clock(), min_available_agents=agents, min_fit_agents=agents)
+    task = engine.engine.parts.task
+    calls = 0
+    real = task.status_problem
+
+    def counting(status: AgentStatus) -> str | None:
+        nonlocal calls
+        calls += 1
+        return real(status)
+
+    monkeypatch.setattr(task, "status_problem", counting)
+    for i in range(agents):
+        hello(engine, f"rpi-{i:03d}")
+        engine.tick()
+        assert engine.engine.run.open is None or i == agents - 1
+    assert engine.engine.run.open is not None and len(engine.engine.run.open.announcement.selected) == agents
+    assert calls <= 3 * agents  # one scan of the fleet once it is all online; a scan per status made it 7,500
