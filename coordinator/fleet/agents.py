@@ -6,7 +6,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from coordinator.fleet.freshness import StatusMark, advanced
-from coordinator.fleet.live import LiveIndex
+from coordinator.fleet.live import EVALUABLE_STATES, LiveIndex
 from protocol.messages import AgentStatus, PrivacySpent
 
 
@@ -209,11 +209,15 @@ class AgentRegistry:
         """``len(self.available(now))`` in O(devices)."""
         return self._index.available_count(now)
 
+    def evaluable_count(self, now: float) -> int:
+        """``len(self.evaluable(now))`` in O(1)."""
+        return self._index.evaluable_count(now)
+
     def evaluable(self, now: float) -> list[AgentRecord]:
         """Agents that may score a model on their held-out data: the available ones, and those whose DP
         budget is spent (evaluation trains nothing and spends no budget; their training records stay out)."""
         index, agents = self._index, self._agents
-        return [agents[a] for a in index.sorted_ids(now) if index.counted(a).state in ("online", "budget_exhausted")]
+        return [agents[a] for a in index.sorted_ids(now) if index.counted(a).state in EVALUABLE_STATES]
 
     def budget_spent_count(self, now: float) -> int:
         return self._index.budget_spent(now)

@@ -35,6 +35,10 @@ class Record(Protocol):
     def heard_within(self, now: float, timeout_s: float) -> bool: ...
 
 
+EVALUABLE_STATES = ("online", "budget_exhausted")
+"""Live agents in these states may score a model (evaluation spends no privacy budget)."""
+
+
 @dataclass(frozen=True)
 class Counted:
     """What a live record added to the counts, so that exactly that is taken back when it changes."""
@@ -75,6 +79,7 @@ class LiveIndex:
         self._available: Counter[str] = Counter()
         self._denied: Counter[str] = Counter()
         self._spent = 0
+        self._evaluable = 0
 
     # -- changes ------------------------------------------------------------------------
     def heard(self, agent_id: str) -> None:
@@ -119,6 +124,10 @@ class LiveIndex:
         self._at(now)
         return sum(self._available.values())
 
+    def evaluable_count(self, now: float) -> int:
+        self._at(now)
+        return self._evaluable
+
     def available_by_device(self, now: float) -> Counter[str]:
         self._at(now)
         return Counter(self._available)
@@ -153,6 +162,7 @@ class LiveIndex:
         self._available.clear()
         self._denied.clear()
         self._spent = 0
+        self._evaluable = 0
         self._sorted = None
         self._clock = now
         self._dirty = False
@@ -173,6 +183,8 @@ class LiveIndex:
             self._denied[counted.device] += 1
         if counted.state == "budget_exhausted":
             self._spent += 1
+        if counted.state in EVALUABLE_STATES:
+            self._evaluable += 1
 
     def _uncount(self, agent_id: str) -> bool:
         """Take back what ``agent_id`` added, if it was live; whether it was. The caller says whether the
@@ -186,6 +198,8 @@ class LiveIndex:
             _decrement(self._denied, counted.device)
         if counted.state == "budget_exhausted":
             self._spent -= 1
+        if counted.state in EVALUABLE_STATES:
+            self._evaluable -= 1
         return True
 
 

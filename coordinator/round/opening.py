@@ -45,7 +45,8 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     s = parts.settings
     number = run.next_round
     task = "train" if number <= s.rounds else "evaluate"
-    if task == "train" and (not run.connected or parts.registry.available_count(now) < s.min_available_agents):
+    ready = parts.registry.available_count(now) if task == "train" else parts.registry.evaluable_count(now)
+    if not run.connected or ready < s.min_available_agents:
         # Too few whatever their statuses say. The scans below cost O(agents) and this runs after every
         # message: a fleet of 4,000 coming online spent 9 s in them before round 1 (O(agents^2)).
         _log_waiting(parts, run, now, task, None)
@@ -112,7 +113,8 @@ def _log_waiting(parts: EngineParts, run: RunState, now: float, task: str, avail
     if now - run.last_wait_log <= WAIT_LOG_EVERY_S:
         return
     if available is None:
-        available = [r.agent_id for r in parts.registry.available(now)]
+        ready = parts.registry.available(now) if task == "train" else parts.registry.evaluable(now)
+        available = [r.agent_id for r in ready]
     spent = parts.registry.budget_spent_count(now) if task == "train" else 0
     enrolled = parts.enrollment.agent_ids() if parts.enrollment is not None else ()
     log.info("waiting for agents: %d online, %d needed%s%s", len(available), parts.settings.min_available_agents,

@@ -33,6 +33,8 @@ def recount(registry: AgentRegistry, now: float) -> dict[str, object]:
     return {
         "available": [r.agent_id for r in available],
         "evaluable": [r.agent_id for r in live if r.status.state in ("online", "budget_exhausted")],
+        "available_count": len(available),
+        "evaluable_count": sum(1 for r in live if r.status.state in ("online", "budget_exhausted")),
         "spent": sum(1 for r in live if r.status.state == "budget_exhausted"),
         "online": dict(Counter(r.status.device for r in available)),
         "denied": dict(Counter(r.status.device for r in live if r.status.denied)),
@@ -43,6 +45,8 @@ def answers(registry: AgentRegistry, now: float) -> dict[str, object]:
     return {
         "available": [r.agent_id for r in registry.available(now)],
         "evaluable": [r.agent_id for r in registry.evaluable(now)],
+        "available_count": registry.available_count(now),
+        "evaluable_count": registry.evaluable_count(now),
         "spent": registry.budget_spent_count(now),
         "online": dict(registry.online_by_device(now)),
         "denied": dict(registry.denied_by_device(now)),
