@@ -84,12 +84,23 @@ class Result:
     raw_runs: list[float] = field(default_factory=list)
     peak_rss: int | None = None
     cpu_per_round_s: float | None = None
+    fleet_started_at: float | None = None
+    """time.time() when the light fleet began connecting (the coordinator started just before)."""
     error: str | None = None
 
     @property
     def timed(self) -> list[dict[str, Any]]:
         """The rounds after the bootstrap (the first), which send deltas."""
         return self.records[1:]
+
+    @property
+    def online_s(self) -> float | None:
+        """From the fleet's start to round 1's opening: its agents connecting, their statuses admitted, the round
+        opened once all were there (rounds.jsonl: closed_at less duration_s)."""
+        if self.fleet_started_at is None or not self.records:
+            return None
+        first = self.records[0]
+        return float(first["closed_at"]) - float(first["duration_s"]) - self.fleet_started_at
 
     @property
     def round_s(self) -> float | None:
@@ -219,6 +230,7 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
             "log_level": "INFO",
         }
         coordinator = start_coordinator(run_dir, broker.url, rounds, settings)
+        result.fleet_started_at = time.time()
         fleet = LightFleet(broker.url, "scale", config.agents, config.params, publishers=publishers).start()
         log = RoundsLog(run_dir / "coordinator" / "rounds.jsonl")
         cpu: list[float] = []

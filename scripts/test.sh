@@ -15,10 +15,13 @@ for tool in prometheus promtool; do
   fi
 done
 # The image test (tests/integration/test_images.py) builds with buildah and debootstrap and runs
-# with podman and runc; it skips without them, so only root (CI) installs them here.
+# with podman and runc; it skips without them, so only root (CI) installs them here, each one
+# that is missing (a machine with buildah from an earlier install may lack runc).
 containers=()
-if [ "$(id -u)" -eq 0 ] && ! command -v buildah >/dev/null; then
-  containers=(buildah podman runc skopeo debootstrap)
+if [ "$(id -u)" -eq 0 ]; then
+  for tool in buildah podman runc skopeo debootstrap; do
+    command -v "$tool" >/dev/null || containers+=("$tool")
+  done
   missing+=("${containers[@]}")
 fi
 if [ "${#missing[@]}" -gt 0 ]; then
