@@ -96,11 +96,15 @@ class Result:
     @property
     def online_s(self) -> float | None:
         """From the fleet's start to round 1's opening: its agents connecting, their statuses admitted, the round
-        opened once all were there (rounds.jsonl: closed_at less duration_s)."""
+        opened once all were there (rounds.jsonl: ``closed_at`` is when collecting ended, before aggregating, so the
+        opening is that less ``collect_s`` and ``publish_s``)."""
         if self.fleet_started_at is None or not self.records:
             return None
         first = self.records[0]
-        return float(first["closed_at"]) - float(first["duration_s"]) - self.fleet_started_at
+        before = [first.get(name) for name in ("collect_s", "publish_s")]
+        if not all(isinstance(v, (int, float)) for v in before):
+            return None
+        return float(first["closed_at"]) - sum(before) - self.fleet_started_at  # type: ignore[arg-type]
 
     @property
     def round_s(self) -> float | None:
