@@ -54,7 +54,7 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     pool = parts.registry.available(now) if task == "train" else parts.registry.evaluable(now)
     ref = parts.task.card.ref
     willing = [r for r in pool if r.status.problem is None and r.status.task_ref == ref]
-    if run.connected and len(willing) >= s.min_available_agents:  # a quorum's majority, never the first hello
+    if len(willing) >= s.min_available_agents:  # a quorum's majority, never the first hello
         revision = parts.task.revision
         parts.task.pin((r.status for r in willing), {f: st.weights for f, st in parts.strategy.states.items()})
         if parts.task.revision != revision:
@@ -62,7 +62,7 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     # Selectable: of the task, and of a family whose layout is agreed (not yet agreed is a wait, not a mismatch).
     pool = [r for r in pool if parts.task.status_problem(r.status) is None and r.status.family in parts.task.layouts]
     available = [r.agent_id for r in pool]
-    if not run.connected or len(available) < s.min_available_agents:
+    if len(available) < s.min_available_agents:
         if len(willing) < s.min_available_agents:  # layouts wait for a quorum: count who would take part
             available = [r.agent_id for r in willing]
         _log_waiting(parts, run, now, task, available)
