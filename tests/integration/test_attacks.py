@@ -236,16 +236,20 @@ def test_forgeries_are_dropped_counted_and_change_nothing(tmp_path: Path, settin
                 # before live forgeries reach an agent: these cannot race.
                 wait_until(lambda: announcement_cleared(recorder), 120, "the coordinator's first status and clear")
                 plant_forgeries(attacker)
-                fleet.start_agents()
-                # Statuses and updates are not retained: send them once the coordinator listens (it has announced).
-                wait_until(lambda: announced(recorder) is not None, 120, "the coordinator's first announcement")
-                # And live, while the run goes on: the coordinator is paused while they go out, so the run cannot
-                # end (nor its agents exit) before the broker has sent every agent all of them, in order.
+                # And live, to agents already listening: the coordinator is paused from before they start until the
+                # forgeries are out, so no round can open, nor the run end (nor its agents exit), before the broker
+                # has sent every agent all of them. (Paused only once it had announced, a run of three small rounds
+                # once ended in the 0.2 s before the pause: the agents never saw them.)
                 os.kill(fleet.coordinator.pid, signal.SIGSTOP)  # type: ignore[arg-type]
                 try:
+                    fleet.start_agents()
+                    wait_until(lambda: all(dropped(recorder, a.name) >= 0 for a in AGENTS), 120,
+                               "each agent's first status (it listens)")
                     plant_forgeries(attacker)
                 finally:
                     os.kill(fleet.coordinator.pid, signal.SIGCONT)  # type: ignore[arg-type]
+                # Statuses and updates are not retained: send them once the coordinator listens (it has announced).
+                wait_until(lambda: announced(recorder) is not None, 120, "the coordinator's first announcement")
                 flood_statuses(attacker, flood)
                 forge_updates(attacker, announced(recorder))  # type: ignore[arg-type]
                 rounds = wait_for_rounds(fleet, ROUNDS + 1, 300)
