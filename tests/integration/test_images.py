@@ -11,10 +11,17 @@ podman's default OCI runtime here, crun, fails to start any container (``setrlim
 Operation not permitted``; with lower limits, ``cgroups in hybrid mode not supported``): runc
 with the open-files limit at this process's own and the process limit lowered to 4096 works
 (docs/images.md), so that is what runs them.
+
+``EDGEFL_COORDINATOR_ARCH=arm64`` and ``EDGEFL_AGENT_ARCH=arm64`` build and run that image for
+arm64 instead (another architecture than the host's), under qemu's binfmt handler on an x86-64
+host: the checks docs/images.md reports. Agents from an arm64 image are ``rpi`` agents (the
+small CNN). The default run builds both for the host.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import resource
 import shutil
 import subprocess
@@ -38,10 +45,15 @@ except ModuleNotFoundError:  # Python 3.10
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-COORDINATOR = f"localhost/edgefl/coordinator:{VERSION}"
-AGENT = f"localhost/edgefl/edge-agent:{VERSION}"
+COORDINATOR_ARCH = os.environ.get("EDGEFL_COORDINATOR_ARCH", "")
+AGENT_ARCH = os.environ.get("EDGEFL_AGENT_ARCH", "")
+"""Empty: the host's architecture. Another one's images carry it in their tags (scripts/build-images.sh)."""
+COORDINATOR = f"localhost/edgefl/coordinator:{VERSION}{f'-{COORDINATOR_ARCH}' if COORDINATOR_ARCH else ''}"
+AGENT = f"localhost/edgefl/edge-agent:{VERSION}{f'-{AGENT_ARCH}' if AGENT_ARCH else ''}"
+EMULATED = bool(COORDINATOR_ARCH or AGENT_ARCH)
 UID = 10001  # the images' USER, the chart's runAsUser
-AGENTS = ("phone-0", "phone-1")  # the phone profile trains the tiny MLP
+DEVICE = "rpi" if AGENT_ARCH == "arm64" else "phone"  # the phone profile trains the tiny MLP, rpi the small CNN
+AGENTS = (f"{DEVICE}-0", f"{DEVICE}-1")
 ROUNDS = 2
 
 
@@ -53,18 +65,20 @@ def images() -> None:
         pytest.skip("no container tool (buildah, podman) is installed: scripts/test.sh installs them as root")
     missing = [tool for tool, path in tools.items() if path is None]
     assert not missing, f"install {missing} (Debian packages of the same names) to build and run the images"
-    done = subprocess.run(["bash", "scripts/build-images.sh", "coordinator", "agent"], cwd=REPO,
-                          capture_output=True, text=True, timeout=1700, check=False)
-    assert done.returncode == 0, done.stderr[-4000:]
-    print(done.stderr)  # what was built and what reused, with timings
+    for image, arch in (("coordinator", COORDINATOR_ARCH), ("agent", AGENT_ARCH)):
+        done = subprocess.run(["bash", "scripts/build-images.sh", *(["--arch", arch] if arch else []), image],
+                              cwd=REPO, capture_output=True, text=True, timeout=3500, check=False)
+        assert done.returncode == 0, done.stderr[-4000:]
+        print(done.stderr)  # what was built and what reused, with timings
 
 
-def podman_run(name: str, security: dict[str, Any], volumes: dict[Path, str]) -> list[str]:
+def podman_run(name: str, security: dict[str, Any], volumes: dict[Path, str], arch: str = "") -> list[str]:
     """``podman run`` of one container on the host network, with ``security`` (a container
-    securityContext of the chart) as podman flags."""
+    securityContext of the chart) as podman flags; ``arch``: the image's, when not the host's."""
     nofile, nproc = resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_NPROC)[1]
     nproc = 4096 if nproc == resource.RLIM_INFINITY else min(nproc, 4096)
     argv = ["podman", "run", "--rm", "--name", name, "--runtime", "runc", "--network", "host",
+            *(["--arch", arch] if arch else []),
             "--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
     if security.get("readOnlyRootFilesystem"):
         argv.append("--read-only")  # and a tmpfs on /tmp, as the chart's emptyDir
@@ -74,6 +88,18 @@ def podman_run(name: str, security: dict[str, Any], volumes: dict[Path, str]) ->
     for host, inside in volumes.items():
         argv += ["--volume", f"{host}:{inside}"]
     return argv
+
+
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def assert_runs_as(image: str, arch: str) -> None:
+    """The image's programs run as ``arch``'s (under emulation when it is not the host's), or the host's."""
+    done = subprocess.run([*podman_run(f"edgefl-machine-{uuid.uuid4().hex[:8]}", {}, {}, arch), "--entrypoint",
+                           "python", image, "-c", "import platform; print(platform.machine())"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == (MACHINES[arch] if arch else platform.machine()), (image, done.stdout)
 
 
 def state_dir(path: Path) -> Path:
@@ -100,14 +126,14 @@ def containers() -> Iterator[list[str]]:
         subprocess.run(["podman", "rm", "--force", "--ignore", name], capture_output=True, timeout=60, check=False)
 
 
-@pytest.mark.timeout(1800)  # a first build of the agent image (torch) takes minutes
+@pytest.mark.timeout(7200 if EMULATED else 1800)  # a first build of the agent image (torch) takes minutes
 def test_built_images_run_two_rounds_as_the_chart_runs_them(images: None, tmp_path: Path, mosquitto: MosquittoBroker,
                                                              containers: list[str]) -> None:
     rendered = render({})
     pod = rendered.get("Deployment", FULLNAME)["spec"]["template"]["spec"]
     chart_container = next(c for c in pod["containers"] if c["name"] == "coordinator")
     # The chart installs what the script built: docker.io/edgefl/coordinator:<version> once loaded.
-    assert chart_container["image"] == COORDINATOR.removeprefix("localhost/")
+    assert chart_container["image"] == f"edgefl/coordinator:{VERSION}"
     probes = {chart_container[p]["httpGet"]["path"] for p in ("startupProbe", "livenessProbe", "readinessProbe")}
     assert probes == {"/healthz", "/readyz"}
     security = chart_container["securityContext"]
@@ -115,9 +141,12 @@ def test_built_images_run_two_rounds_as_the_chart_runs_them(images: None, tmp_pa
                           capture_output=True, text=True, timeout=60, check=True).stdout.strip()
     assert user == f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
 
+    assert_runs_as(COORDINATOR, COORDINATOR_ARCH)
+    assert_runs_as(AGENT, AGENT_ARCH)
     suffix = uuid.uuid4().hex[:8]
     coordinator_state = state_dir(tmp_path / "coordinator")
-    run_coordinator = podman_run(f"edgefl-coordinator-{suffix}", security, {coordinator_state: "/var/lib/edgefl"})
+    run_coordinator = podman_run(f"edgefl-coordinator-{suffix}", security, {coordinator_state: "/var/lib/edgefl"},
+                                 COORDINATOR_ARCH)
     containers.append(f"edgefl-coordinator-{suffix}")
     enrolled = subprocess.run([*run_coordinator, COORDINATOR, "enroll", *AGENTS, "--state-dir", "/var/lib/edgefl/state",
                                "--bundle-dir", "/var/lib/edgefl/bundles"],
@@ -134,7 +163,7 @@ def test_built_images_run_two_rounds_as_the_chart_runs_them(images: None, tmp_pa
     for i, agent_id in enumerate(AGENTS):
         name = f"edgefl-{agent_id}-{suffix}"
         containers.append(name)
-        flags = {"federation": "images", "broker_url": mosquitto.url, "device": "phone", "agent_id": agent_id,
+        flags = {"federation": "images", "broker_url": mosquitto.url, "device": DEVICE, "agent_id": agent_id,
                  "task": "digits", "partition": "iid", "num_partitions": len(AGENTS), "partition_index": i,
                  "threads": 1, "exit_when_finished": True,
                  "signing_key_file": "/var/lib/edgefl-agent/agent_key.pem",
@@ -142,7 +171,7 @@ def test_built_images_run_two_rounds_as_the_chart_runs_them(images: None, tmp_pa
         # The enrollment bundle (written by the coordinator container, so owned by the images' user)
         # is the agent's volume; its state goes in a folder inside it.
         bundle = {coordinator_state / "bundles" / agent_id: "/var/lib/edgefl-agent"}
-        agents.append(ManagedProcess(agent_id, [*podman_run(name, security, bundle), "--env", "OMP_NUM_THREADS=1",
+        agents.append(ManagedProcess(agent_id, [*podman_run(name, security, bundle, AGENT_ARCH), "--env", "OMP_NUM_THREADS=1",
                                                 AGENT, "run", *as_flags(flags)], tmp_path / f"{agent_id}.log"))
     try:
         coordinator.start()
@@ -151,7 +180,8 @@ def test_built_images_run_two_rounds_as_the_chart_runs_them(images: None, tmp_pa
                        f"the coordinator container's {path}")
         for agent in agents:
             agent.start()
-        rounds = wait_for_rounds(Run(coordinator, coordinator_state / "state" / "rounds.jsonl"), ROUNDS + 1, 600)
+        rounds = wait_for_rounds(Run(coordinator, coordinator_state / "state" / "rounds.jsonl"), ROUNDS + 1,
+                                 1800 if EMULATED else 600)
         assert_all_completed(rounds, ROUNDS + 1)
         assert [r["task"] for r in rounds] == ["train"] * ROUNDS + ["evaluate"], rounds
         assert [r["answered"] for r in rounds] == [len(AGENTS)] * (ROUNDS + 1), rounds  # both agent containers

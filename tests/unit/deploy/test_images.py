@@ -179,8 +179,20 @@ def test_the_chart_installs_the_tags_the_build_script_makes() -> None:
     assert "build coordinator deploy/coordinator/Dockerfile" in script
     assert "build edge-agent deploy/edge-agent/Dockerfile" in script
     assert f"image: edgefl/edge-agent:{version}" in (DEPLOY / "k3s" / "edge-agent-daemonset.yaml").read_text()
-    # the tarballs carry the name a kubelet resolves edgefl/coordinator:<tag> to
-    assert '"docker-archive:$out:docker.io/$PREFIX/$name:$VERSION"' in script
+    # the tarballs carry the name a kubelet resolves edgefl/coordinator:<tag> to; only another architecture's
+    # images have a suffix (-arm64 built on x86-64), so the host's are the chart's default tag
+    assert '"docker-archive:$out:docker.io/$PREFIX/$name:$VERSION$suffix"' in script
+    assert re.search(r'^suffix=""\nif \[ "\$arch" != "\$host_arch" \]; then\n  suffix=-\$arch$', script, re.MULTILINE)
+
+
+def test_the_build_script_names_the_architectures_it_builds_for() -> None:
+    """An architecture it cannot build for stops it before anything is built, saying which it can."""
+    script = REPO / "scripts" / "build-images.sh"
+    done = subprocess.run(["bash", str(script), "--arch", "riscv64", "agent"], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert (done.returncode, done.stderr.strip()) == (2, "error: --arch riscv64: amd64 or arm64")
+    usage = subprocess.run(["bash", str(script), "--help"], capture_output=True, text=True, timeout=60, check=True)
+    assert "--arch arm64 agent" in usage.stdout and "qemu-user-static" in usage.stdout
 
 
 def test_the_jetson_image_pins_the_torch_it_ships() -> None:
