@@ -21,7 +21,11 @@ status after every message: its log put round 1 22.6 s after its start before, 1
 raw transport time of
 the same messages (sizes, publishers) as plain bytes to one subscriber process, measured on
 the same broker right after (the median of three replays; their spread is printed below the
-table); their ratio; the coordinator's peak RSS (VmHWM) and CPU seconds
+table); their ratio; how busy all the machine's cores were (/proc/stat) over the timed rounds and
+over the replays, and the machine's CPU a round against a replay's ("CPU x": where both keep the
+cores busy, the round can be no faster than that ratio allows, and a note under the table says
+what the coordinator could spend an update for the ratio goal, and each part's CPU a round and a
+replay: coordinator, fleet, broker, and the sink); the coordinator's peak RSS (VmHWM) and CPU seconds
 per round (/proc, from the first round's close to the last's); updates it accepted (sum of
 ``answered`` less ``rejected``) against those the broker acknowledged to the fleet.
 
@@ -47,7 +51,7 @@ import sys
 import time
 from pathlib import Path
 
-from scale_run import EARLY_ROUND, RAW_REPLAYS, SPLITS, Config, LongResult, Result, human, run_config, run_long
+from scale_run import CORES, EARLY_ROUND, RAW_REPLAYS, SPLITS, Config, LongResult, Result, human, run_config, run_long
 
 AGGREGATORS = ("mean", "median", "krum")
 FULL = [Config(n, p, a) for n, p in ((100, 127_000), (100, 1_000_000), (100, 8_000_000), (1000, 127_000),
@@ -70,7 +74,8 @@ def table(results: list[Result]) -> list[str]:
     splits = [s for s in SPLITS if any(r.split(s) is not None for r in results)]
     head = (f"{'agents':>6} {'params':>6} {'aggregator':<10} {'round s':>8} "
             + "".join(f"{s.removesuffix('_s') + ' s':>13}" for s in splits)
-            + f" {'online s':>9} {'raw s':>8} {'ratio':>6} {'RSS MB':>7} {'CPU s/rd':>8} {'accepted/sent':>14}  status")
+            + f" {'online s':>9} {'raw s':>8} {'ratio':>6} {'busy':>5} {'raw busy':>8} {'CPU x':>6} {'RSS MB':>7} "
+            f"{'CPU s/rd':>8} {'accepted/sent':>14}  status")
     lines = [head, "-" * len(head)]
     for r in results:
         c = r.config
@@ -79,8 +84,35 @@ def table(results: list[Result]) -> list[str]:
         lines.append(f"{c.agents:>6} {human(c.params):>6} {c.aggregator:<10} {fmt(r.round_s, '8.3f')} "
                      + "".join(f"{fmt(r.split(s), '13.3f')}" for s in splits)
                      + f" {fmt(r.online_s, '9.2f')} {fmt(r.raw_s, '8.3f')} {fmt(ratio, '6.2f')} "
+                     f"{fmt(r.busy and 100 * r.busy, '4.0f')}% {fmt(r.raw_busy and 100 * r.raw_busy, '7.0f')}% "
+                     f"{fmt(r.cpu_ratio, '6.2f')} "
                      f"{fmt(r.peak_rss / 1e6 if r.peak_rss else None, '7.0f')} {fmt(r.cpu_per_round_s, '8.2f')} "
                      f"{f'{r.accepted}/{r.sent}':>14}  {status}")
+    return lines
+
+
+def cpu_bound_notes(results: list[Result]) -> list[str]:
+    """For each mean row held to the ratio goal: how busy the cores were, and what the coordinator could spend
+    an update for the goal. On saturated cores a round is no faster than its CPU over the cores."""
+    lines = []
+    for r in results:
+        if r.config.aggregator != "mean" or r.config.agents < RATIO_FROM or r.cpu_per_round_s is None:
+            continue
+        budget = r.coordinator_budget_s(RATIO_GOAL)
+        lines.append(f"{r.config.label}: {fmt(r.busy and 100 * r.busy, '.0f')}% of {CORES} cores busy over the "
+                     f"rounds, {fmt(r.raw_busy and 100 * r.raw_busy, '.0f')}% over the replays; the machine's CPU a "
+                     f"round {fmt(r.cpu_ratio, '.2f')}x a replay's. For {RATIO_GOAL}x the coordinator could spend "
+                     f"{fmt(budget and budget * 1e3, '.2f')} CPU ms an update; it spent "
+                     f"{r.cpu_per_round_s / r.config.agents * 1e3:.2f}"
+                     + (" (below zero: the rest of the machine alone spends more than that a round)"
+                        if budget is not None and budget < 0 else ""))
+        if r.parts_per_round and r.raw_parts and r.machine_cpu_per_round_s is not None:
+            rnd, raw = r.parts_per_round, {k: statistics.median(p[k] for p in r.raw_parts) for k in r.raw_parts[0]}
+            raw_machine = statistics.median(r.raw_machine_cpu)
+            lines.append(f"  CPU s a round: coordinator {r.cpu_per_round_s:.2f}, fleet {rnd['fleet']:.2f}, broker "
+                         f"{rnd['broker']:.2f}, the rest {r.machine_cpu_per_round_s - r.cpu_per_round_s - sum(rnd.values()):.2f}"
+                         f"; a replay: sink and the rest {raw_machine - sum(raw.values()):.2f}, fleet {raw['fleet']:.2f}, "
+                         f"broker {raw['broker']:.2f}")
     return lines
 
 
@@ -191,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         spreads = [f"{r.config.label} {min(r.raw_runs):.3f}-{max(r.raw_runs):.3f}" for r in results if r.raw_runs]
         if spreads:
             print(f"raw transport, {RAW_REPLAYS} replays a row (the median is the baseline), min-max s: {', '.join(spreads)}")
+        print("\n".join(cpu_bound_notes(results)))
         verdicts += grid_verdicts(results)
     if args.part in ("all", "long"):
         rounds = args.long or (QUICK_LONG_ROUNDS if args.quick else LONG_ROUNDS)

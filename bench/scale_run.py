@@ -82,8 +82,20 @@ class Result:
     raw_s: float | None = None
     """The median of the raw transport replays (``raw_runs``)."""
     raw_runs: list[float] = field(default_factory=list)
+    raw_machine_cpu: list[float] = field(default_factory=list)
+    """The whole machine's busy CPU seconds over each raw replay (fleet, broker, sink and anything else)."""
+    raw_windows: list[float] = field(default_factory=list)
+    """Wall seconds over which each ``raw_machine_cpu`` was taken (the first publish to the sink's exit)."""
     peak_rss: int | None = None
     cpu_per_round_s: float | None = None
+    machine_cpu_per_round_s: float | None = None
+    """The whole machine's busy CPU seconds per timed round (fleet, broker, coordinator), over the same span."""
+    busy: float | None = None
+    """The fraction of all cores busy over the timed rounds."""
+    parts_per_round: dict[str, float] = field(default_factory=dict)
+    """CPU seconds per timed round of the fleet (this process) and the broker, beside ``cpu_per_round_s``."""
+    raw_parts: list[dict[str, float]] = field(default_factory=list)
+    """The same parts' CPU seconds over each raw replay; the sink (and anything else) is what the machine adds."""
     fleet_started_at: float | None = None
     """time.time() when the light fleet began connecting (the coordinator started just before)."""
     error: str | None = None
@@ -105,6 +117,29 @@ class Result:
         if not all(isinstance(v, (int, float)) for v in before):
             return None
         return float(first["closed_at"]) - sum(before) - self.fleet_started_at  # type: ignore[arg-type]
+
+    @property
+    def raw_busy(self) -> float | None:
+        """The fraction of all cores busy over the raw replays."""
+        if not self.raw_windows:
+            return None
+        return sum(self.raw_machine_cpu) / (sum(self.raw_windows) * CORES)
+
+    @property
+    def cpu_ratio(self) -> float | None:
+        """Machine CPU per timed round over machine CPU per raw replay (medians)."""
+        if self.machine_cpu_per_round_s is None or not self.raw_machine_cpu:
+            return None
+        return self.machine_cpu_per_round_s / statistics.median(self.raw_machine_cpu)
+
+    def coordinator_budget_s(self, ratio: float) -> float | None:
+        """CPU seconds an update the coordinator could spend for a round of ``ratio`` x the raw replay, were the
+        cores as busy as in the replays and the rest of the machine's CPU a round (fleet, broker) as measured."""
+        if None in (self.machine_cpu_per_round_s, self.cpu_per_round_s, self.raw_s, self.raw_busy):
+            return None
+        rest = self.machine_cpu_per_round_s - self.cpu_per_round_s  # type: ignore[operator]
+        available = ratio * self.raw_s * CORES * self.raw_busy  # type: ignore[operator]
+        return (available - rest) / self.config.agents
 
     @property
     def round_s(self) -> float | None:
@@ -139,6 +174,20 @@ def proc_status(pid: int) -> dict[str, int]:
         if name.startswith("Vm") and value.strip().endswith("kB"):
             out[name] = int(value.split()[0]) * 1024
     return out
+
+
+CORES = os.cpu_count() or 1
+
+
+def machine_busy_s() -> float:
+    """CPU seconds all cores have spent busy since boot: /proc/stat's total less idle and iowait."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def part_cpu(broker: MosquittoBroker) -> dict[str, float]:
+    """CPU seconds so far of the fleet (this process: its publishers and the bench's polling) and the broker."""
+    return {"fleet": time.process_time(), "broker": (cpu_seconds(broker.pid) if broker.pid else None) or 0.0}
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -238,11 +287,15 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
         fleet = LightFleet(broker.url, "scale", config.agents, config.params, publishers=publishers).start()
         log = RoundsLog(run_dir / "coordinator" / "rounds.jsonl")
         cpu: list[float] = []
+        machine: list[tuple[float, float]] = []  # (monotonic, machine busy s) beside each coordinator sample
+        parts: list[dict[str, float]] = []
 
         def on_round(record: dict[str, Any], pid: int) -> None:
             seconds = cpu_seconds(pid)
             if seconds is not None:
                 cpu.append(seconds)
+                machine.append((time.monotonic(), machine_busy_s()))
+                parts.append(part_cpu(broker))
 
         # Registration of every agent, then the rounds: each may take up to its deadline.
         timeout = 120.0 + rounds * config.round_budget_s * 1.5
@@ -252,6 +305,10 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
             result.peak_rss = proc_status(coordinator.pid).get("VmHWM")
         if len(cpu) >= 2:
             result.cpu_per_round_s = (cpu[-1] - cpu[0]) / (len(cpu) - 1)
+            (t0, busy0), (t1, busy1) = machine[0], machine[-1]
+            result.machine_cpu_per_round_s = (busy1 - busy0) / (len(machine) - 1)
+            result.busy = (busy1 - busy0) / ((t1 - t0) * CORES) if t1 > t0 else None
+            result.parts_per_round = {k: (parts[-1][k] - parts[0][k]) / (len(parts) - 1) for k in parts[0]}
         fleet.drain(60.0)
         result.sent = fleet.acked
         if fleet.errors:
@@ -260,8 +317,15 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
         if result.error is None and fleet.stats.update_sizes:
             last = max(fleet.stats.update_sizes)
             # One replay swung 2x between runs of one row on a quiet machine: the median of a few is the baseline.
-            result.raw_runs = [raw_transport(fleet, fleet.stats.update_sizes[last], broker.url,
-                                             timeout_s=config.round_budget_s * 2) for _ in range(RAW_REPLAYS)]
+            for _ in range(RAW_REPLAYS):
+                before = part_cpu(broker)
+                replay = raw_transport(fleet, fleet.stats.update_sizes[last], broker.url,
+                                       timeout_s=config.round_budget_s * 2)
+                after = part_cpu(broker)
+                result.raw_parts.append({k: after[k] - before[k] for k in before})
+                result.raw_runs.append(replay.seconds)
+                result.raw_machine_cpu.append(replay.machine_cpu_s)
+                result.raw_windows.append(replay.window_s)
             result.raw_s = statistics.median(result.raw_runs)
     except Exception as exc:  # noqa: BLE001 - a crash fails this row, not the bench
         result.error = f"{type(exc).__name__}: {exc}"
@@ -273,10 +337,19 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
     return result
 
 
-def raw_transport(fleet: LightFleet, sizes: list[list[int]], url: str, timeout_s: float) -> float:
-    """Seconds from the first publish to the last receipt of the same messages (sizes, publishers)
-    as plain bytes to one subscriber in its own process: what the broker and the MQTT client
-    cost, with no encoding, validation or aggregation."""
+@dataclass(frozen=True)
+class Replay:
+    seconds: float
+    """From the first publish to the last receipt."""
+    machine_cpu_s: float
+    """The machine's busy CPU seconds from just before the first publish to the sink's exit..."""
+    window_s: float
+    """...a span of this many wall seconds."""
+
+
+def raw_transport(fleet: LightFleet, sizes: list[list[int]], url: str, timeout_s: float) -> Replay:
+    """The same messages (sizes, publishers) as plain bytes to one subscriber in its own process:
+    what the broker and the MQTT client cost, with no encoding, validation or aggregation."""
     total = sum(len(s) for s in sizes)
     sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", url, "bench/raw", str(total)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **SINK_MALLOC})
@@ -284,12 +357,14 @@ def raw_transport(fleet: LightFleet, sizes: list[list[int]], url: str, timeout_s
         assert sink.stdout is not None
         if sink.stdout.readline().strip() != "ready":
             raise RuntimeError("the raw transport sink did not start")
+        busy_before, before = machine_busy_s(), time.monotonic()
         start = replay_raw(fleet.publishers, sizes, "bench/raw")
         out, _ = sink.communicate(timeout=timeout_s)
+        machine_cpu, window = machine_busy_s() - busy_before, time.monotonic() - before
         _, _first, last, count, _size = out.split()
         if int(count) != total:
             raise RuntimeError(f"the sink got {count} of {total} messages")
-        return float(last) - start
+        return Replay(float(last) - start, machine_cpu, window)
     finally:
         if sink.poll() is None:
             sink.kill()

@@ -224,6 +224,11 @@ class MosquittoBroker(LocalBroker):
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        """The running broker's process id (benches read its CPU time from /proc), or None."""
+        return self._process.pid if self.running and self._process is not None else None
+
     def start(self, timeout_s: float = 10.0) -> MosquittoBroker:
         config = self._write_config()
         log_file = self.log_path.open("ab")

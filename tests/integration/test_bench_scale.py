@@ -15,13 +15,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_scale_bench_quick_prints_grid_and_long_run() -> None:
     out = run_bench("scale.py", "--quick", timeout_s=600)
-    assert re.search(r"^agents\s+params\s+aggregator\s+round s.*raw s\s+ratio\s+RSS MB\s+CPU s/rd\s+accepted/sent",
-                     out, re.MULTILINE), out
+    assert re.search(r"^agents\s+params\s+aggregator\s+round s.*raw s\s+ratio\s+busy\s+raw busy\s+CPU x\s+RSS MB"
+                     r"\s+CPU s/rd\s+accepted/sent", out, re.MULTILINE), out
     rows = re.findall(r"^\s*(\d+)\s+127k\s+(mean|krum)\s+\d+\.\d+\s.*?\s(\d+)/(\d+)\s+(\S.*)$", out, re.MULTILINE)
     assert sorted((int(n), agg) for n, agg, *_ in rows) == [(50, "krum"), (50, "mean"), (300, "krum"), (300, "mean")], out
     for agents, aggregator, accepted, sent, status in rows:
         assert status == "ok", (agents, aggregator, status, out)
         assert int(sent) == int(accepted) == 3 * int(agents), (agents, aggregator, out)  # 3 rounds, all answering
+    # where the machine's CPU went, for the mean row the ratio goal applies to (300 agents; 50 is under it)
+    assert re.search(r"^300x127k/mean: \d+% of \d+ cores busy over the rounds, \d+% over the replays; the machine's CPU a "
+                     r"round \d+\.\d\dx a replay's\. For 1\.3x the coordinator could spend -?\d+\.\d\d CPU ms an update; "
+                     r"it spent \d+\.\d\d( \(below zero: .*\))?$", out, re.MULTILINE), out
+    assert re.search(r"^  CPU s a round: coordinator \d+\.\d\d, fleet \d+\.\d\d, broker \d+\.\d\d, the rest -?\d+\.\d\d; "
+                     r"a replay: sink and the rest -?\d+\.\d\d, fleet \d+\.\d\d, broker \d+\.\d\d$", out, re.MULTILINE), out
+    assert not re.search(r"^50x127k/mean:", out, re.MULTILINE), out
     assert re.search(r"^PASS\s+0 lost updates", out, re.MULTILINE), out
     assert re.search(r"^(PASS|MISS)\s+mean round time <= 1.3x raw transport", out, re.MULTILINE), out
     # the long run: 200 rounds closed, both points measured, three flatness verdicts
