@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import logging
+import random
 import shutil
 import socket
 import subprocess
@@ -45,8 +46,37 @@ def mosquitto_binary() -> str | None:
     return shutil.which("mosquitto") or (str(MOSQUITTO_FALLBACK) if MOSQUITTO_FALLBACK.exists() else None)
 
 
+PORTS_FROM = 20000
+"""Lowest port ``free_port`` picks (where the kernel's ephemeral range leaves room below it)."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_low() -> int | None:
+    """The first port of the range the kernel gives outgoing connections (Linux), or None where unknown."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
+    """A TCP port nothing is bound to right now, below the kernel's ephemeral range where it can be.
+
+    A port the OS picks (bind to port 0) is an ephemeral one, which the kernel may also give any outgoing
+    connection as its source port. A broker restarted on its port (the chaos tests) stays down for seconds; had
+    another process's connection taken the port meanwhile, the broker could not bind it again until that connection
+    closed (seen once in CI: a restart failed for 10 s with "Address already in use"). Below the range, no
+    connection is ever given it.
+    """
+    low = ephemeral_low()
+    if low is not None and low - PORTS_FROM >= 1000:
+        for port in random.sample(range(PORTS_FROM, low), 64):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
