@@ -16,7 +16,10 @@
 #   EDGEFL_TORCH_WHEELS a folder holding torch-<TORCH_VERSION>+cpu wheel(s), mounted into the agent
 #                       build; default: pip's find-links folders if they hold one for the target
 #                       architecture, else the image installs from download.pytorch.org's CPU index
-#                       (PyPI's own aarch64 torch is a CUDA build: never a Raspberry Pi's)
+#                       (PyPI's own aarch64 torch is a CUDA build from 2.11 on: never a Raspberry Pi's)
+#   EDGEFL_TORCH_VERSION the agent's torch (default 2.13.0, the Dockerfile's); with
+#   EDGEFL_TORCH_INDEX_URL where to get it, e.g. 2.10.0 from https://pypi.org/simple, PyPI's newest
+#                       CPU build for aarch64, where PyTorch's CPU index cannot be reached
 #   DEBIAN_MIRROR       default http://deb.debian.org/debian
 #   EDGEFL_BUILD_CA     a CA bundle that RUN steps trust instead of the image's (mounted over
 #                       /etc/ssl/certs/ca-certificates.crt, which Debian's pip reads), for a network
@@ -31,7 +34,7 @@ SUITE=bookworm
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 BASE_PACKAGES=python3,python3-venv,python-is-python3,ca-certificates
 LOCAL_BASE=localhost/$PREFIX/python:3.11-$SUITE
-TORCH_VERSION=2.13.0
+TORCH_VERSION=${EDGEFL_TORCH_VERSION:-2.13.0}
 LABEL=io.edgefl.inputs
 export BUILDAH_ISOLATION=chroot  # RUN steps need no OCI runtime (crun cannot set rlimits in some sandboxes)
 
@@ -168,14 +171,17 @@ for target in "${targets[@]}"; do
     coordinator) build coordinator deploy/coordinator/Dockerfile ;;
     agent)
       wheels=$(torch_wheels)
+      version=()  # named only when overridden, so that the default build's inputs (and reuse) stay as they were
+      [ -z "${EDGEFL_TORCH_VERSION:-}" ] || version=(--build-arg TORCH_VERSION="$TORCH_VERSION")
       if [ -n "$wheels" ]; then
         # The mounted wheel wins over PyPI's (a +cpu local version sorts higher); torch's own
         # dependencies come from PyPI.
-        build edge-agent deploy/edge-agent/Dockerfile --volume "$wheels:/wheelhouse:ro" \
+        build edge-agent deploy/edge-agent/Dockerfile "${version[@]}" --volume "$wheels:/wheelhouse:ro" \
           --label io.edgefl.torch-wheel="$(cd "$wheels" && ls torch-*.whl)" \
           --build-arg TORCH_FIND_LINKS=/wheelhouse --build-arg TORCH_INDEX_URL=https://pypi.org/simple
       else
-        build edge-agent deploy/edge-agent/Dockerfile
+        build edge-agent deploy/edge-agent/Dockerfile "${version[@]}" \
+          ${EDGEFL_TORCH_INDEX_URL:+--build-arg TORCH_INDEX_URL="$EDGEFL_TORCH_INDEX_URL"}
       fi ;;
   esac
   if [ -n "$export_dir" ] && [ "$target" != base ]; then
