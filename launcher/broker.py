@@ -13,7 +13,9 @@ amqtt 0.12 notes (checked with ``python -m launcher.brokercheck``):
 * it speaks MQTT 3.1.1 only: it answers an MQTT 5 CONNECT with "unacceptable protocol version",
   except one that carries a last will, which it never answers (its parser waits for bytes that
   do not come), so clients of it are configured with ``mqtt_version`` 3.1.1 (``mqtt_version``
-  below), and a refused publish cannot be seen by them.
+  below), and a refused publish cannot be seen by them;
+* it walks its subscription table across awaits, so clients connecting or leaving together could
+  fail one another's admission or a delivery: ``amqtt_table.py`` makes those walks iterate snapshots.
 """
 
 from __future__ import annotations
@@ -156,6 +158,8 @@ class EmbeddedBroker(LocalBroker):
     def _run(self, ready: threading.Event, failure: list[BaseException]) -> None:
         from amqtt.broker import Broker
 
+        from launcher.amqtt_table import make_walks_safe
+
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
@@ -167,6 +171,7 @@ class EmbeddedBroker(LocalBroker):
         }
         try:
             broker = Broker(config, loop=loop)
+            make_walks_safe(broker)
             loop.run_until_complete(broker.start())
             server = broker._servers["default"].instance  # the bound asyncio.Server (no public accessor)
             self.port = int(server.sockets[0].getsockname()[1])

@@ -207,10 +207,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
         fleet.start_coordinator()
         if sites is not None:
             sites.start(fleet, {"task": fleet.coordinator_settings["task"], "algorithm": config.algorithm})
-        if isinstance(broker, EmbeddedBroker) and sites is None:
-            start_agents_in_turn(fleet)
-        else:
-            fleet.start_agents()
+        fleet.start_agents()
         reason = _watch(fleet, config, console, started, sites)
     except _Interrupted as exc:
         reason = f"interrupted ({exc}): stopped every process"
@@ -225,23 +222,6 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> DemoResult:
             broker.stop()
     wall_s = time.monotonic() - started
     return _finish(config, fleet, spec, run_dir, reason, wall_s, broker_name, broker_url, console, sites)
-
-
-def start_agents_in_turn(fleet: Fleet, timeout_s: float = 60.0) -> None:
-    """Each agent once the one before is online (the coordinator has its status), for the embedded broker: amqtt
-    0.12 walks its subscription table across awaits while it admits a client, so two clients connecting at once
-    can fail one with "dictionary changed size during iteration" (seen once forked agents came up within a fraction
-    of a second of each other; the agent reconnects, but the demo printed the broker's traceback). An agent that
-    exits, or is not online within ``timeout_s``, does not hold up the next: the watch reports it."""
-    log = fleet.coordinator.log_path
-    for name, agent in fleet.agents.items():
-        agent.start()
-        online = re.compile(rf"agent {re.escape(name)} \(.*\) is online")
-        deadline = time.monotonic() + timeout_s
-        while agent.running and fleet.coordinator.running and time.monotonic() < deadline:
-            if log.exists() and online.search(log.read_text(errors="replace")):
-                break
-            time.sleep(0.02)
 
 
 def _watch(fleet: Fleet, config: DemoConfig, console: Console, started: float, sites: DemoSites | None) -> str:
