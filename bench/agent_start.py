@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from scale_run import cpu_seconds
+from procstat import cpu_seconds
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import Fleet, FleetSpec, default_fleet

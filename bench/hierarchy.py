@@ -50,7 +50,8 @@ import numpy as np
 import paho.mqtt.client as paho
 from lightfleet import LightFleet, agent_ids
 from paho.mqtt.enums import CallbackAPIVersion
-from scale_run import TRANSPORT_BYTES_PER_S, RoundsLog, cpu_seconds, human, proc_status, start_coordinator, watch
+from procstat import cpu_seconds, proc_status
+from scale_run import TRANSPORT_BYTES_PER_S, RoundsLog, human, start_coordinator, watch
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import ManagedProcess

@@ -51,7 +51,8 @@ import sys
 import time
 from pathlib import Path
 
-from scale_run import CORES, EARLY_ROUND, RAW_REPLAYS, SPLITS, Config, LongResult, Result, human, run_config, run_long
+from procstat import CORES
+from scale_run import EARLY_ROUND, RAW_REPLAYS, SPLITS, Config, LongResult, Result, human, run_config, run_long
 
 AGGREGATORS = ("mean", "median", "krum")
 FULL = [Config(n, p, a) for n, p in ((100, 127_000), (100, 1_000_000), (100, 8_000_000), (1000, 127_000),

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightfleet import LightFleet, replay_raw
+from procstat import CORES, cpu_seconds, machine_busy_s, part_cpu, proc_status
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import ManagedProcess, as_flags
@@ -162,43 +163,6 @@ class Result:
 
 
 # -- the coordinator, seen from outside -------------------------------------------------
-def proc_status(pid: int) -> dict[str, int]:
-    """VmHWM, VmRSS... of /proc/<pid>/status, in bytes (empty once the process is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
-    except OSError:
-        return {}
-    out = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        if name.startswith("Vm") and value.strip().endswith("kB"):
-            out[name] = int(value.split()[0]) * 1024
-    return out
-
-
-CORES = os.cpu_count() or 1
-
-
-def machine_busy_s() -> float:
-    """CPU seconds all cores have spent busy since boot: /proc/stat's total less idle and iowait."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def part_cpu(broker: MosquittoBroker) -> dict[str, float]:
-    """CPU seconds so far of the fleet (this process: its publishers and the bench's polling) and the broker."""
-    return {"fleet": time.process_time(), "broker": (cpu_seconds(broker.pid) if broker.pid else None) or 0.0}
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """utime + stime of /proc/<pid>/stat."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class RoundsLog:
     """rounds.jsonl, read incrementally as the coordinator appends to it."""
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scale_run import RoundsLog, cpu_seconds, proc_status, start_coordinator, watch
+from procstat import cpu_seconds, proc_status
+from scale_run import RoundsLog, start_coordinator, watch
 from secagg_fleet import SCALE, SecureLightFleet, plain_mean
 
 from launcher.broker import MosquittoBroker
