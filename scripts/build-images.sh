@@ -53,8 +53,8 @@ while [ $# -gt 0 ]; do
 done
 [ "${#targets[@]}" -gt 0 ] || targets=(coordinator agent)
 case "$arch" in
-  amd64) qemu=x86_64 ;;
-  arm64) qemu=aarch64 ;;
+  amd64) machine=x86_64 ;;  # uname -m, and the name of qemu's binfmt handler and of wheels' platform tag
+  arm64) machine=aarch64 ;;
   *) echo "error: --arch $arch: amd64 or arm64" >&2; exit 2 ;;
 esac
 # Another architecture's images are tagged as such (edgefl/edge-agent:0.1.0-arm64), so that they never
@@ -62,10 +62,10 @@ esac
 suffix=""
 if [ "$arch" != "$host_arch" ]; then
   suffix=-$arch
-  grep -qx enabled "/proc/sys/fs/binfmt_misc/qemu-$qemu" 2>/dev/null || {
-    echo "error: building for $arch on $host_arch needs qemu's binfmt handler for $qemu programs:" \
+  grep -qx enabled "/proc/sys/fs/binfmt_misc/qemu-$machine" 2>/dev/null || {
+    echo "error: building for $arch on $host_arch needs qemu's binfmt handler for $machine programs:" \
          "apt-get install qemu-user-static binfmt-support (where /proc/sys/fs/binfmt_misc is not mounted:" \
-         "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc, then update-binfmts --enable qemu-$qemu)" >&2
+         "mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc, then update-binfmts --enable qemu-$machine)" >&2
     exit 1; }
 fi
 LOCAL_BASE=$LOCAL_BASE$suffix
@@ -123,7 +123,7 @@ torch_wheels() {  # a folder holding only the CPU torch wheel for $arch, or noth
   local dir wheel
   if [ -n "${EDGEFL_TORCH_WHEELS:-}" ]; then echo "$EDGEFL_TORCH_WHEELS"; return; fi
   for dir in ${PIP_FIND_LINKS:-} /opt/wheels; do
-    wheel=$(ls "$dir"/torch-"$TORCH_VERSION"+cpu-*_"$qemu".whl 2>/dev/null | head -1) || true
+    wheel=$(ls "$dir"/torch-"$TORCH_VERSION"+cpu-*_"$machine".whl 2>/dev/null | head -1) || true
     if [ -n "$wheel" ]; then
       mkdir -p build/wheelhouse && rm -f build/wheelhouse/torch-*.whl
       ln -f "$wheel" build/wheelhouse/ 2>/dev/null || cp "$wheel" build/wheelhouse/
