@@ -14,7 +14,7 @@ stamp="$venv/.installed-$extra-$(sha1sum "$root/pyproject.toml" | cut -c1-12)"
 if [ ! -f "$stamp" ]; then
   python -m pip install -q --upgrade pip
   # torch first, pinned, from the default index (PyPI, or whatever pip is configured with).
-  # On Linux x86_64 PyPI's torch wheel is the multi-GB CUDA build; the agent needs only the
+  # On Linux PyPI's torch wheel is the multi-GB CUDA build (x86_64; aarch64 too from 2.11 on); the agent needs only the
   # CPU one. Set TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu to install that build
   # instead (it is not the default: CI and some machines reach only PyPI).
   if ! python -c "import torch" 2>/dev/null; then
