@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-from launcher.broker import MosquittoBroker
-
 
 def proc_status(pid: int) -> dict[str, int]:
     """VmHWM, VmRSS... of /proc/<pid>/status, in bytes (empty once the process is gone)."""
@@ -33,9 +31,16 @@ def machine_busy_s() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def part_cpu(broker: MosquittoBroker) -> dict[str, float]:
-    """CPU seconds so far of the fleet (this process: its publishers and the bench's polling) and the broker."""
-    return {"fleet": time.process_time(), "broker": (cpu_seconds(broker.pid) if broker.pid else None) or 0.0}
+def snapshot(broker_pid: int | None) -> dict[str, float]:
+    """Counters read at one instant: wall (monotonic) seconds, and the CPU seconds so far of the whole machine, of
+    the fleet (this process: its publishers and the bench's polling) and of the broker."""
+    return {"wall": time.monotonic(), "machine": machine_busy_s(), "fleet": time.process_time(),
+            "broker": (cpu_seconds(broker_pid) if broker_pid else None) or 0.0}
+
+
+def used(before: dict[str, float], after: dict[str, float], spans: int = 1) -> dict[str, float]:
+    """What each counter of two snapshots moved, per span between them."""
+    return {key: (after[key] - before[key]) / spans for key in before}
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -107,13 +107,12 @@ def cpu_bound_notes(results: list[Result]) -> list[str]:
                      f"{r.cpu_per_round_s / r.config.agents * 1e3:.2f}"
                      + (" (below zero: the rest of the machine alone spends more than that a round)"
                         if budget is not None and budget < 0 else ""))
-        if r.parts_per_round and r.raw_parts and r.machine_cpu_per_round_s is not None:
-            rnd, raw = r.parts_per_round, {k: statistics.median(p[k] for p in r.raw_parts) for k in r.raw_parts[0]}
-            raw_machine = statistics.median(r.raw_machine_cpu)
+        if r.round_use and r.raw_use:
+            rnd, raw = r.round_use, r.raw_median_use
             lines.append(f"  CPU s a round: coordinator {r.cpu_per_round_s:.2f}, fleet {rnd['fleet']:.2f}, broker "
-                         f"{rnd['broker']:.2f}, the rest {r.machine_cpu_per_round_s - r.cpu_per_round_s - sum(rnd.values()):.2f}"
-                         f"; a replay: sink and the rest {raw_machine - sum(raw.values()):.2f}, fleet {raw['fleet']:.2f}, "
-                         f"broker {raw['broker']:.2f}")
+                         f"{rnd['broker']:.2f}, the rest {rnd['machine'] - r.cpu_per_round_s - rnd['fleet'] - rnd['broker']:.2f}"
+                         f"; a replay: sink and the rest {raw['machine'] - raw['fleet'] - raw['broker']:.2f}, fleet "
+                         f"{raw['fleet']:.2f}, broker {raw['broker']:.2f}")
     return lines
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightfleet import LightFleet, replay_raw
-from procstat import CORES, cpu_seconds, machine_busy_s, part_cpu, proc_status
+from procstat import CORES, cpu_seconds, proc_status, snapshot, used
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import ManagedProcess, as_flags
@@ -83,20 +83,13 @@ class Result:
     raw_s: float | None = None
     """The median of the raw transport replays (``raw_runs``)."""
     raw_runs: list[float] = field(default_factory=list)
-    raw_machine_cpu: list[float] = field(default_factory=list)
-    """The whole machine's busy CPU seconds over each raw replay (fleet, broker, sink and anything else)."""
-    raw_windows: list[float] = field(default_factory=list)
-    """Wall seconds over which each ``raw_machine_cpu`` was taken (the first publish to the sink's exit)."""
+    raw_use: list[dict[str, float]] = field(default_factory=list)
+    """Over each raw replay (the first publish to the sink's exit): wall seconds, and the CPU seconds of the whole
+    machine, the fleet and the broker (``procstat.used``); the sink and anything else are what the machine adds."""
     peak_rss: int | None = None
     cpu_per_round_s: float | None = None
-    machine_cpu_per_round_s: float | None = None
-    """The whole machine's busy CPU seconds per timed round (fleet, broker, coordinator), over the same span."""
-    busy: float | None = None
-    """The fraction of all cores busy over the timed rounds."""
-    parts_per_round: dict[str, float] = field(default_factory=dict)
-    """CPU seconds per timed round of the fleet (this process) and the broker, beside ``cpu_per_round_s``."""
-    raw_parts: list[dict[str, float]] = field(default_factory=list)
-    """The same parts' CPU seconds over each raw replay; the sink (and anything else) is what the machine adds."""
+    round_use: dict[str, float] = field(default_factory=dict)
+    """The same counters per timed round, over the span ``cpu_per_round_s`` covers; the coordinator's is that."""
     fleet_started_at: float | None = None
     """time.time() when the light fleet began connecting (the coordinator started just before)."""
     error: str | None = None
@@ -120,27 +113,35 @@ class Result:
         return float(first["closed_at"]) - sum(before) - self.fleet_started_at  # type: ignore[arg-type]
 
     @property
+    def busy(self) -> float | None:
+        """The fraction of all cores busy over the timed rounds."""
+        return _busy([self.round_use]) if self.round_use else None
+
+    @property
     def raw_busy(self) -> float | None:
         """The fraction of all cores busy over the raw replays."""
-        if not self.raw_windows:
-            return None
-        return sum(self.raw_machine_cpu) / (sum(self.raw_windows) * CORES)
+        return _busy(self.raw_use) if self.raw_use else None
+
+    @property
+    def raw_median_use(self) -> dict[str, float]:
+        """Each counter's median over the replays."""
+        return {key: statistics.median(u[key] for u in self.raw_use) for key in self.raw_use[0]} if self.raw_use else {}
 
     @property
     def cpu_ratio(self) -> float | None:
-        """Machine CPU per timed round over machine CPU per raw replay (medians)."""
-        if self.machine_cpu_per_round_s is None or not self.raw_machine_cpu:
+        """The machine's CPU a timed round over its CPU a raw replay (the replays' median)."""
+        if not self.round_use or not self.raw_use:
             return None
-        return self.machine_cpu_per_round_s / statistics.median(self.raw_machine_cpu)
+        return self.round_use["machine"] / self.raw_median_use["machine"]
 
     def coordinator_budget_s(self, ratio: float) -> float | None:
         """CPU seconds an update the coordinator could spend for a round of ``ratio`` x the raw replay, were the
         cores as busy as in the replays and the rest of the machine's CPU a round (fleet, broker) as measured."""
-        if None in (self.machine_cpu_per_round_s, self.cpu_per_round_s, self.raw_s, self.raw_busy):
+        raw_busy = self.raw_busy
+        if not self.round_use or self.cpu_per_round_s is None or self.raw_s is None or raw_busy is None:
             return None
-        rest = self.machine_cpu_per_round_s - self.cpu_per_round_s  # type: ignore[operator]
-        available = ratio * self.raw_s * CORES * self.raw_busy  # type: ignore[operator]
-        return (available - rest) / self.config.agents
+        rest = self.round_use["machine"] - self.cpu_per_round_s
+        return (ratio * self.raw_s * CORES * raw_busy - rest) / self.config.agents
 
     @property
     def round_s(self) -> float | None:
@@ -160,6 +161,11 @@ class Result:
     def failed_rounds(self) -> list[str]:
         return [f"round {r['round']} {r['outcome']} ({r.get('reason')})" for r in self.records
                 if r["outcome"] != "completed"]
+
+
+def _busy(uses: list[dict[str, float]]) -> float | None:
+    wall = sum(u["wall"] for u in uses)
+    return sum(u["machine"] for u in uses) / (wall * CORES) if wall > 0 else None
 
 
 # -- the coordinator, seen from outside -------------------------------------------------
@@ -251,15 +257,13 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
         fleet = LightFleet(broker.url, "scale", config.agents, config.params, publishers=publishers).start()
         log = RoundsLog(run_dir / "coordinator" / "rounds.jsonl")
         cpu: list[float] = []
-        machine: list[tuple[float, float]] = []  # (monotonic, machine busy s) beside each coordinator sample
-        parts: list[dict[str, float]] = []
+        counters: list[dict[str, float]] = []  # the rest of the machine, beside each coordinator sample
 
         def on_round(record: dict[str, Any], pid: int) -> None:
             seconds = cpu_seconds(pid)
             if seconds is not None:
                 cpu.append(seconds)
-                machine.append((time.monotonic(), machine_busy_s()))
-                parts.append(part_cpu(broker))
+                counters.append(snapshot(broker.pid))
 
         # Registration of every agent, then the rounds: each may take up to its deadline.
         timeout = 120.0 + rounds * config.round_budget_s * 1.5
@@ -269,10 +273,7 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
             result.peak_rss = proc_status(coordinator.pid).get("VmHWM")
         if len(cpu) >= 2:
             result.cpu_per_round_s = (cpu[-1] - cpu[0]) / (len(cpu) - 1)
-            (t0, busy0), (t1, busy1) = machine[0], machine[-1]
-            result.machine_cpu_per_round_s = (busy1 - busy0) / (len(machine) - 1)
-            result.busy = (busy1 - busy0) / ((t1 - t0) * CORES) if t1 > t0 else None
-            result.parts_per_round = {k: (parts[-1][k] - parts[0][k]) / (len(parts) - 1) for k in parts[0]}
+            result.round_use = used(counters[0], counters[-1], len(counters) - 1)
         fleet.drain(60.0)
         result.sent = fleet.acked
         if fleet.errors:
@@ -282,14 +283,10 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
             last = max(fleet.stats.update_sizes)
             # One replay swung 2x between runs of one row on a quiet machine: the median of a few is the baseline.
             for _ in range(RAW_REPLAYS):
-                before = part_cpu(broker)
-                replay = raw_transport(fleet, fleet.stats.update_sizes[last], broker.url,
-                                       timeout_s=config.round_budget_s * 2)
-                after = part_cpu(broker)
-                result.raw_parts.append({k: after[k] - before[k] for k in before})
-                result.raw_runs.append(replay.seconds)
-                result.raw_machine_cpu.append(replay.machine_cpu_s)
-                result.raw_windows.append(replay.window_s)
+                seconds, use = raw_transport(fleet, fleet.stats.update_sizes[last], broker,
+                                             timeout_s=config.round_budget_s * 2)
+                result.raw_runs.append(seconds)
+                result.raw_use.append(use)
             result.raw_s = statistics.median(result.raw_runs)
     except Exception as exc:  # noqa: BLE001 - a crash fails this row, not the bench
         result.error = f"{type(exc).__name__}: {exc}"
@@ -301,34 +298,27 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
     return result
 
 
-@dataclass(frozen=True)
-class Replay:
-    seconds: float
-    """From the first publish to the last receipt."""
-    machine_cpu_s: float
-    """The machine's busy CPU seconds from just before the first publish to the sink's exit..."""
-    window_s: float
-    """...a span of this many wall seconds."""
-
-
-def raw_transport(fleet: LightFleet, sizes: list[list[int]], url: str, timeout_s: float) -> Replay:
+def raw_transport(fleet: LightFleet, sizes: list[list[int]], broker: MosquittoBroker,
+                  timeout_s: float) -> tuple[float, dict[str, float]]:
     """The same messages (sizes, publishers) as plain bytes to one subscriber in its own process:
-    what the broker and the MQTT client cost, with no encoding, validation or aggregation."""
+    what the broker and the MQTT client cost, with no encoding, validation or aggregation. Seconds
+    from the first publish to the last receipt, and the counters' use from just before the first
+    publish to the sink's exit (``procstat.used``)."""
     total = sum(len(s) for s in sizes)
-    sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", url, "bench/raw", str(total)],
+    sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", broker.url, "bench/raw", str(total)],
                             stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **SINK_MALLOC})
     try:
         assert sink.stdout is not None
         if sink.stdout.readline().strip() != "ready":
             raise RuntimeError("the raw transport sink did not start")
-        busy_before, before = machine_busy_s(), time.monotonic()
+        before = snapshot(broker.pid)
         start = replay_raw(fleet.publishers, sizes, "bench/raw")
         out, _ = sink.communicate(timeout=timeout_s)
-        machine_cpu, window = machine_busy_s() - busy_before, time.monotonic() - before
+        use = used(before, snapshot(broker.pid))
         _, _first, last, count, _size = out.split()
         if int(count) != total:
             raise RuntimeError(f"the sink got {count} of {total} messages")
-        return Replay(float(last) - start, machine_cpu, window)
+        return float(last) - start, use
     finally:
         if sink.poll() is None:
             sink.kill()
