@@ -31,6 +31,7 @@ def test_clients_connecting_at_once_are_all_admitted_and_served(caplog: pytest.L
     broker = EmbeddedBroker().start()
     publisher = client("publisher")
     stop = threading.Event()
+    live_thread: threading.Thread | None = None
     try:
         publisher.connect(broker.host, broker.port)
         publisher.loop_start()
@@ -44,7 +45,8 @@ def test_clients_connecting_at_once_are_all_admitted_and_served(caplog: pytest.L
                 n += 1
                 time.sleep(0.001)
 
-        threading.Thread(target=live, daemon=True).start()
+        live_thread = threading.Thread(target=live, daemon=True)  # the only thread publishing from now on
+        live_thread.start()
         retained: Counter[str] = Counter()
         lock = threading.Lock()
         for wave in range(WAVES):
@@ -78,6 +80,8 @@ def test_clients_connecting_at_once_are_all_admitted_and_served(caplog: pytest.L
                 c.loop_stop()
     finally:
         stop.set()
+        if live_thread is not None:
+            live_thread.join(10)
         publisher.disconnect()
         publisher.loop_stop()
         broker.stop()
