@@ -53,23 +53,31 @@ def pack(values: np.ndarray, bits: int) -> np.ndarray:
     if bits == RING_BITS:
         return values.copy()
     _check(bits)
-    # Element i goes to bit i * bits of the stream: shifted into a uint64 at its word's offset, its low half
-    # lands in word (i * bits) // 32 and its high half in the next. Within a word the elements' bits are
-    # disjoint, so adding them is or-ing them, and float64 holds their sums (< 2^32) exactly: bincount adds
-    # them per word. A block is a multiple of 32 elements, so each block starts on a word of its own.
-    out = np.zeros(words(values.size, bits) + 1, dtype=np.uint32)
+    # 32 elements of b bits fill exactly b words, so the stream is a sequence of groups of the same layout:
+    # element j of a group starts at bit j * b, in word (j * b) // 32 of the group, and spills into the next
+    # word when it crosses a word's end. Working on the groups' element j together (a column, made contiguous
+    # by a transpose) costs 32 vector shifts and ors per block, whatever its size.
+    out = np.empty(words(values.size, bits), dtype=np.uint32)
     low = np.uint32((1 << bits) - 1)
     for start in range(0, values.size, UNPACK_BLOCK):
         block = values[start:start + UNPACK_BLOCK]
-        first = np.arange(block.size, dtype=np.uint64) * np.uint64(bits)
-        index = (first >> np.uint64(5)).astype(np.intp)
-        shifted = (block & low).astype(np.uint64) << (first & np.uint64(31))
-        span = int(index[-1]) + 2
-        summed = np.bincount(index, (shifted & np.uint64(0xFFFFFFFF)).astype(np.float64), minlength=span)
-        summed += np.bincount(index + 1, (shifted >> np.uint64(32)).astype(np.float64), minlength=span)
-        base = start * bits // 32
-        out[base:base + span] |= summed.astype(np.uint32)
-    return out[:-1].view("<u4")
+        groups = -(-block.size // 32)
+        padded = np.zeros(groups * 32, dtype=np.uint32)
+        np.bitwise_and(block, low, out=padded[:block.size])
+        columns = np.ascontiguousarray(padded.reshape(groups, 32).T)
+        grouped = np.zeros((bits, groups), dtype=np.uint32)
+        moved = np.empty(groups, dtype=np.uint32)
+        for j in range(32):
+            word, shift = divmod(j * bits, 32)
+            np.left_shift(columns[j], np.uint32(shift), out=moved)  # the bits past the word's end fall off
+            grouped[word] |= moved
+            if shift + bits > 32:
+                np.right_shift(columns[j], np.uint32(32 - shift), out=moved)
+                grouped[word + 1] |= moved
+        base = start * bits // 32  # a block is whole groups: it starts on a word of its own
+        stream = grouped.T.reshape(-1)
+        out[base:base + min(stream.size, out.size - base)] = stream[:out.size - base]
+    return out
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -81,18 +89,29 @@ def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     if bits == RING_BITS:
         return packed.astype(np.uint32, copy=True)
     _check(bits)
-    # Element i starts at bit i * bits of the little-endian stream: in word (i * bits) // 32 and perhaps the next.
-    # Read two words at a time as one uint64 and shift, a block of elements at a time: a few times the input's
-    # size at most, where expanding every bit to a byte took 35 times it.
-    words64 = np.zeros(packed.size + 1, dtype=np.uint64)
-    words64[:-1] = np.ascontiguousarray(packed, dtype="<u4")
+    # pack's groups read back: element j of every group from word (j * b) // 32 of its group, shifted down, with
+    # the next word's low bits above it when it spans two. Temporaries: a few times one block.
+    stream = np.ascontiguousarray(packed, dtype="<u4")
     out = np.empty(count, dtype=np.uint32)
-    mask = np.uint64((1 << bits) - 1)
+    low = np.uint32((1 << bits) - 1)
     for start in range(0, count, UNPACK_BLOCK):
-        first = np.arange(start, min(start + UNPACK_BLOCK, count), dtype=np.uint64) * np.uint64(bits)
-        index = (first >> np.uint64(5)).astype(np.intp)
-        pair = words64[index] | (words64[index + 1] << np.uint64(32))
-        out[start:start + first.size] = (pair >> (first & np.uint64(31))) & mask
+        size = min(UNPACK_BLOCK, count - start)
+        groups = -(-size // 32)
+        base = start * bits // 32
+        padded = np.zeros(groups * bits, dtype=np.uint32)
+        chunk = stream[base:base + padded.size]
+        padded[:chunk.size] = chunk
+        rows = np.ascontiguousarray(padded.reshape(groups, bits).T)
+        columns = np.empty((32, groups), dtype=np.uint32)
+        spill = np.empty(groups, dtype=np.uint32)
+        for j in range(32):
+            word, shift = divmod(j * bits, 32)
+            np.right_shift(rows[word], np.uint32(shift), out=columns[j])
+            if shift + bits > 32:
+                np.left_shift(rows[word + 1], np.uint32(32 - shift), out=spill)
+                columns[j] |= spill
+        columns &= low
+        out[start:start + size] = columns.T.reshape(-1)[:size]
     return out
 
 

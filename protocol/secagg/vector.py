@@ -75,21 +75,35 @@ def encode_input(delta: Mapping[str, np.ndarray], setup: SecureSetup, family: Se
     from ``rng`` (default: seeded from the OS's random source)."""
     scale = _control_scale(setup, control is not None)
     weight = agent_weight(samples, family.weight_cap)
-    values = [np.asarray(delta[n], dtype=np.float64).reshape(-1) for n in float_names(delta)]
+    if setup.noise is not None and control is not None:
+        raise ValueError("the round adds noise to the delta only: it cannot mask a control delta beside it")
+    # One float64 buffer, filled and worked on in place: each fresh temporary of a large update costs its pages.
+    delta_arrays = [np.asarray(delta[n]).reshape(-1) for n in float_names(delta)]
+    arrays = delta_arrays + [np.asarray(control[n]).reshape(-1) for n in float_names(control or {})]
+    size = sum(a.size for a in arrays) + 1
+    if size != family.n_params:
+        raise ValueError(f"the update has {size - 1} floating values, the round declares {family.n_params - 1}")
+    plain = np.empty(size, dtype=np.float64)
+    segments, offset = [], 0
+    for array in arrays:
+        segment = plain[offset:offset + array.size]
+        segment[:] = array
+        segments.append(segment)
+        offset += array.size
+    values = segments[:len(delta_arrays)]
     if setup.noise is not None:
-        if control is not None:
-            raise ValueError("the round adds noise to the delta only: it cannot mask a control delta beside it")
         norm = float(np.sqrt(sum(float(np.dot(v, v)) for v in values)))
         if norm > setup.noise.clip_norm:
-            values = [v * (setup.noise.clip_norm / norm) for v in values]
-    parts = [np.clip(v, -setup.clip, setup.clip) for v in values]
-    if control is not None:
-        bound = setup.clip / scale  # control_clip
-        parts += [np.clip(np.asarray(control[n], dtype=np.float64).reshape(-1), -bound, bound) * scale
-                  for n in float_names(control)]
-    plain = np.concatenate([*parts, np.array([setup.clip], dtype=np.float64)]) * weight
-    if plain.size != family.n_params:
-        raise ValueError(f"the update has {plain.size - 1} floating values, the round declares {family.n_params - 1}")
+            for v in values:
+                v *= setup.noise.clip_norm / norm
+    for v in values:
+        np.clip(v, -setup.clip, setup.clip, out=v)
+    bound = setup.clip / scale  # control_clip under SCAFFOLD
+    for v in segments[len(values):]:
+        np.clip(v, -bound, bound, out=v)
+        v *= scale
+    plain[-1] = setup.clip
+    plain *= weight
     grid = quantiser(setup, family)
     if setup.noise is None:
         return plain, grid.quantise(plain)
