@@ -10,6 +10,7 @@ Helm chart's securityContext expects.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import subprocess
 import sys
@@ -109,6 +110,11 @@ RUNNER = textwrap.dedent(
         body = urllib.request.urlopen(f"http://127.0.0.1:{service.http.port}/metrics", timeout=10).read().decode()
         service.http.stop()
     assert "fl_rounds_total" in body
+    from coordinator.app.cli import app  # typer without Rich (TYPER_USE_RICH=0): a bad setting still names its field
+    try:
+        app(["run", "--rounds", "0"])
+    except SystemExit as exc:
+        assert exc.code == 2, exc.code
     leaked = sorted({m.partition(".")[0] for m in sys.modules} & BLOCKED - ALLOWED - PRELOADED)
     assert not leaked, leaked
     print("coordinator served /metrics with only the image's packages")
@@ -116,16 +122,31 @@ RUNNER = textwrap.dedent(
 )
 
 
+DROPPED = {"rich", "pygments", "markdown-it-py", "mdurl"}
+"""Pinned (typer requires Rich) but uninstalled by the coordinator's Dockerfile: typer's optional formatting."""
+
+
+def test_the_dockerfile_drops_exactly_richs_tree_and_turns_typers_rich_off() -> None:
+    dockerfile = (DEPLOY / "coordinator" / "Dockerfile").read_text()
+    uninstalls = re.findall(r"pip uninstall --yes --quiet ([a-z0-9 _.-]+?) \\", dockerfile)
+    assert {normalize(n) for n in uninstalls[0].split()} == DROPPED, uninstalls
+    assert DROPPED <= set(pinned())
+    assert "TYPER_USE_RICH=0" in dockerfile.partition("\nFROM ${PYTHON_IMAGE}\n")[2]  # in the runtime stage's ENV
+
+
 def test_coordinator_runs_with_only_the_image_packages() -> None:
-    """Every installed distribution outside the pinned set is unimportable, torch included."""
-    closure = core_closure()
+    """Every installed distribution outside the pinned set, and the pinned ones the Dockerfile drops, are
+    unimportable, torch included."""
+    closure = core_closure() - DROPPED
     owners = metadata.packages_distributions()
     allowed = {"protocol", "service_kit", "coordinator"} | {m for m, dists in owners.items()
                                                             if {normalize(d) for d in dists} & closure}
     blocked = {m for m in owners if m not in allowed} | {"edge_agent", "launcher", "tests", "bench"}
     assert {"torch", "opacus", "sklearn", "amqtt"} <= blocked
+    assert {"rich", "pygments", "markdown_it"} <= blocked
     result = subprocess.run([sys.executable, "-c", RUNNER, ",".join(sorted(allowed)), ",".join(sorted(blocked))],
-                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+                            cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+                            env={**os.environ, "TYPER_USE_RICH": "0"})
     assert result.returncode == 0, result.stdout + result.stderr[-4000:]
     assert "only the image's packages" in result.stdout
 
