@@ -215,7 +215,9 @@ def run(fleets: list[tuple[int, int]], rates: tuple[float, ...], degree: int = 0
     print()
     print("round s: rounds.jsonl duration_s of the train round (the fleet's agents work in series in one process; "
           "a row with dropouts runs to the deadline). CPU/agent: secure = its four stages and encodings, plain = "
-          "encoding its update. bound: 2 grid steps (plain: 1e-6).")
+          "encoding its update. recovered: pairwise masks of agents that shared but did not upload / self-masks "
+          "rebuilt from neighbours' shares (survivors whose own reveal the unmasking did not wait for, dropouts or "
+          "not). bound: 2 grid steps (plain: 1e-6).")
     print(f"{'PASS' if not failed else 'FAIL'} every round completed and every applied mean is within its bound"
           + (f" (failed: {', '.join(f'{r.agents}/{r.rate:.0%}/{r.mode}' for r in failed)})" if failed else ""))
     return 1 if failed else 0
