@@ -53,6 +53,8 @@ def pack(values: np.ndarray, bits: int) -> np.ndarray:
     if bits == RING_BITS:
         return values.copy()
     _check(bits)
+    if UNPACK_BLOCK % 32:
+        raise ValueError(f"UNPACK_BLOCK {UNPACK_BLOCK} is not a multiple of 32: a block would not start on a word")
     # 32 elements of b bits fill exactly b words, so the stream is a sequence of groups of the same layout:
     # element j of a group starts at bit j * b, in word (j * b) // 32 of the group, and spills into the next
     # word when it crosses a word's end. Working on the groups' element j together (a column, made contiguous

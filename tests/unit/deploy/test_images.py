@@ -110,11 +110,17 @@ RUNNER = textwrap.dedent(
         body = urllib.request.urlopen(f"http://127.0.0.1:{service.http.port}/metrics", timeout=10).read().decode()
         service.http.stop()
     assert "fl_rounds_total" in body
+    import contextlib, io
     from coordinator.app.cli import app  # typer without Rich (TYPER_USE_RICH=0): a bad setting still names its field
-    try:
-        app(["run", "--rounds", "0"])
-    except SystemExit as exc:
-        assert exc.code == 2, exc.code
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+        try:
+            app(["run", "--rounds", "0"])
+        except SystemExit as exc:
+            code = exc.code
+        else:
+            code = "no exit"
+    assert code == 2 and "rounds (--rounds" in said.getvalue(), (code, said.getvalue())
     leaked = sorted({m.partition(".")[0] for m in sys.modules} & BLOCKED - ALLOWED - PRELOADED)
     assert not leaked, leaked
     print("coordinator served /metrics with only the image's packages")
