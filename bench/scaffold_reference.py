@@ -71,6 +71,20 @@ than 0.7:
 
     fedavg-m0.9-lr0.01-decay0.95 (0.01, 50)      93.00   93.20   0.70
     scaffold-II-m0.9-lr0.01-decay0.95 (0.01, 50) 93.90   94.60  32.40
+
+Variates that are full-batch gradients at one point (2026-12-05, same split; the momentum rows with ``--steps 50``):
+``fresh``, the agent's own at the round's start, corrects this round and is sent (the fleet's mean stays a round
+old); ``exact`` runs a gradient round first, so every variate and their mean are taken at the round's x (FedLin's
+correction), which removes staleness altogether:
+
+    variant (lr, K)                       final   best   largest fall after round 10
+    scaffold-fresh (0.05, 25)              8.70   11.80   3.20   (never learns, as option I)
+    scaffold-fresh-m0.9-lr0.01 (0.01, 50)  9.70   66.90  27.00
+    scaffold-exact (0.05, 25)              8.40   11.60   1.30   (never learns)
+    scaffold-exact-m0.9-lr0.01 (0.01, 50) 94.40   95.80   7.10
+
+Exact variates with momentum learn slowly (59.2 at round 7) and still fall 7.1 points late: the falls are not only
+the variates' staleness; a one-class agent's correction is large against its own steps wherever it is taken.
 """
 
 from __future__ import annotations
@@ -99,6 +113,9 @@ class Variant:
     corrected: bool
     weighted: bool
     option: str = "II"
+    """The variate: "II" and "I" as the paper's options; outside it, "fresh" (the agent's full-batch gradient at the
+    round's start, used in this round's correction and sent), "exact" (a gradient round first: every variate and
+    their mean taken at the round's x, as FedLin does)."""
     clip: bool = False
     """Outside the paper: each step's correction c - c_i is scaled, per tensor, to at most the step's gradient norm."""
     damping: float = 1.0
@@ -133,7 +150,11 @@ EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("fedavg-m0.9-lr0.01-clip", False, True, momentum=0.9, lr=0.01, clip_median=True),
                Variant("scaffold-II-m0.9-lr0.01-clip", True, True, momentum=0.9, lr=0.01, clip_median=True),
                Variant("fedavg-m0.9-lr0.01-decay0.95", False, True, momentum=0.9, lr=0.01, lr_decay=0.95),
-               Variant("scaffold-II-m0.9-lr0.01-decay0.95", True, True, momentum=0.9, lr=0.01, lr_decay=0.95))
+               Variant("scaffold-II-m0.9-lr0.01-decay0.95", True, True, momentum=0.9, lr=0.01, lr_decay=0.95),
+               Variant("scaffold-fresh", True, True, "fresh"),
+               Variant("scaffold-fresh-m0.9-lr0.01", True, True, "fresh", momentum=0.9, lr=0.01),
+               Variant("scaffold-exact", True, True, "exact"),
+               Variant("scaffold-exact-m0.9-lr0.01", True, True, "exact", momentum=0.9, lr=0.01))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
@@ -174,6 +195,9 @@ class Reference:
         curve = []
         for number in range(args.rounds):
             deltas, control_deltas = [], []
+            if variant.option == "exact":
+                controls = [self.full_gradient(x, data) for data in self.data]
+                c = {k: sum(float(w) * g[k] for w, g in zip(weights, controls, strict=True)) for k in names}
             for i, data in enumerate(self.data):
                 y, new_control = self.local(x, c, controls[i], data, variant, shuffles, number)
                 deltas.append({k: y[k] - x[k] for k in x})
@@ -185,26 +209,30 @@ class Reference:
             step = variant.server_lr
             x = {k: x[k] + step * sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) if k in c
                  else x[k] + sum(float(w) * d[k] for w, d in zip(weights, deltas, strict=True)) for k in x}
-            if variant.corrected:
+            if variant.corrected and variant.option != "exact":
                 c = {k: c[k] + sum(float(w) * d[k] for w, d in zip(weights, control_deltas, strict=True)) for k in names}
             curve.append(100 * self.accuracy(x))
         return curve
+
+    def full_gradient(self, x: Arrays, data: Dataset) -> Arrays:
+        """The gradient of ``data``'s whole loss at ``x`` (the model has GroupNorm: no batch statistics to disturb)."""
+        self.model.load_state_dict(x)
+        self.model.train()
+        self.model.zero_grad()
+        F.cross_entropy(self.model(torch.as_tensor(data.x)), torch.as_tensor(data.y)).backward()
+        return {k: p.grad.detach().clone() for k, p in self.model.named_parameters()}
 
     def local(self, x: Arrays, c: Arrays, control: Arrays, data: Dataset, variant: Variant,
               shuffles: torch.Generator, number: int) -> tuple[Arrays, Arrays]:
         """One agent's round ``number`` (from 0): (its trained state y, its new control variate c_i+)."""
         args, names, model = self.args, self.names, self.model
+        at_start = self.full_gradient(x, data) if variant.option in ("I", "fresh") else {}
         model.load_state_dict(x)
         model.train()
         params = dict(model.named_parameters())
         inputs, labels = torch.as_tensor(data.x), torch.as_tensor(data.y)
-        at_start: Arrays = {}
         lr = (args.lr if variant.lr is None else variant.lr) * variant.lr_decay ** number
         velocity = {k: torch.zeros_like(params[k]) for k in names}
-        if variant.option == "I":
-            model.zero_grad()
-            F.cross_entropy(model(inputs), labels).backward()
-            at_start = {k: params[k].grad.detach().clone() for k in names}
         for batch in batches(len(labels), args.batch, args.steps, shuffles):
             model.zero_grad()
             F.cross_entropy(model(inputs[batch]), labels[batch]).backward()
@@ -212,7 +240,8 @@ class Reference:
                 for k in names:
                     grad = params[k].grad
                     corrected = variant.corrected and (variant.head_corrected or not k.startswith("head."))
-                    correction = c[k] - control[k] if corrected else torch.zeros_like(grad)
+                    own = at_start[k] if variant.option == "fresh" else control[k]
+                    correction = c[k] - own if corrected else torch.zeros_like(grad)
                     if variant.clip:
                         size = float(correction.norm())
                         if size > 0:
@@ -225,8 +254,10 @@ class Reference:
         y = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if not variant.corrected:
             return y, control
-        if variant.option == "I":
+        if variant.option in ("I", "fresh"):
             return y, at_start
+        if variant.option == "exact":
+            return y, control  # the next gradient round replaces it
         target = {k: control[k] - c[k] + (x[k] - y[k]) / (args.steps * lr) for k in names}
         return y, {k: control[k] + variant.damping * (target[k] - control[k]) for k in names}
 
