@@ -173,6 +173,33 @@ def compare(rows: list[Row]) -> None:
             row.error_vs_plain = max(float(np.max(np.abs(row.applied[n] - base.applied[n]))) for n in base.applied)
 
 
+GOAL_RATIO_AT_100 = 2.0
+"""Issue 25: at 100 agents a secure round costs at most this many plain rounds."""
+
+
+def goals(rows: list[Row]) -> list[str]:
+    """Issue 25's goals this run's rows can judge (a goal whose rows did not run is not printed)."""
+    plain = {(r.agents, r.params, r.rate): r for r in rows if r.mode == "plain" and not r.failure}
+    out = []
+    for r in rows:
+        base = plain.get((r.agents, r.params, r.rate))
+        if r.agents == 100 and r.rate == 0 and r.mode == "secure" and base and r.round_s and base.round_s:
+            ratio = r.round_s / base.round_s
+            out.append(f"{'PASS' if ratio <= GOAL_RATIO_AT_100 else 'MISS'} a secure round at 100 agents costs at most "
+                       f"{GOAL_RATIO_AT_100:g}x a plain one: {ratio:.2f}x ({r.round_s:.2f} s against {base.round_s:.2f} s; "
+                       "the light fleet's agents work in series here)")
+        if r.mode == "secure int8" and base and r.agent_bytes and base.agent_bytes:
+            out.append(f"{'PASS' if r.agent_bytes < base.agent_bytes else 'MISS'} with int8 an agent uploads less than "
+                       f"in a plain round ({r.agents} agents, {r.rate:.0%}): {r.agent_bytes / 1e3:.1f} KB against "
+                       f"{base.agent_bytes / 1e3:.1f} KB, every stage's messages")
+    at_500 = [r for r in rows if r.agents == 500]
+    if at_500:
+        failed = [f"{r.mode} {r.rate:.0%}" for r in at_500 if r.failure]
+        out.append(f"{'MISS' if failed else 'PASS'} 500 agents complete every mode"
+                   + (f" (failed: {', '.join(failed)})" if failed else ""))
+    return out
+
+
 def table(rows: list[Row]) -> list[str]:
     plain = {(r.agents, r.params, r.rate): r.round_s for r in rows if r.mode == "plain"}
     out = ["| agents x params | dropouts | mode | round s | vs plain | stages s adv/share/mask/unmask "
@@ -220,4 +247,5 @@ def run(fleets: list[tuple[int, int]], rates: tuple[float, ...], degree: int = 0
           "not). bound: 2 grid steps (plain: 1e-6).")
     print(f"{'PASS' if not failed else 'FAIL'} every round completed and every applied mean is within its bound"
           + (f" (failed: {', '.join(f'{r.agents}/{r.rate:.0%}/{r.mode}' for r in failed)})" if failed else ""))
+    print("\n".join(goals(rows)))
     return 1 if failed else 0

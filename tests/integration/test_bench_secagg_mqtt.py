@@ -27,3 +27,7 @@ def test_secagg_bench_over_mqtt_unmasks_the_plain_mean_and_int8_uploads_less() -
     assert kb[("0", "secure")] <= kb[("0", "plain")] + 4.0, out
     assert kb[("0", "secure int8")] < 0.5 * kb[("0", "plain")], out  # 12 bits an element for 10 agents, not 32
     assert re.search(r"^PASS every round completed", out, re.MULTILINE), out
+    # The goal lines this run can judge: int8's upload at both rates (the 100- and 500-agent goals need those rows).
+    assert len(re.findall(r"^PASS with int8 an agent uploads less than in a plain round \(10 agents, (?:0|10)%\)",
+                          out, re.MULTILINE)) == 2, out
+    assert "at 100 agents" not in out and "500 agents complete" not in out, out
