@@ -177,9 +177,14 @@ GOAL_RATIO_AT_100 = 2.0
 """Issue 25: at 100 agents a secure round costs at most this many plain rounds."""
 
 
+def plain_rows(rows: list[Row]) -> dict[tuple[int, int, float], Row]:
+    """The plain rows that ran, by (agents, params, rate): each secure row's baseline."""
+    return {(r.agents, r.params, r.rate): r for r in rows if r.mode == "plain" and not r.failure}
+
+
 def goals(rows: list[Row]) -> list[str]:
     """Issue 25's goals this run's rows can judge (a goal whose rows did not run is not printed)."""
-    plain = {(r.agents, r.params, r.rate): r for r in rows if r.mode == "plain" and not r.failure}
+    plain = plain_rows(rows)
     out = []
     for r in rows:
         base = plain.get((r.agents, r.params, r.rate))
@@ -201,7 +206,7 @@ def goals(rows: list[Row]) -> list[str]:
 
 
 def table(rows: list[Row]) -> list[str]:
-    plain = {(r.agents, r.params, r.rate): r.round_s for r in rows if r.mode == "plain"}
+    plain = {key: r.round_s for key, r in plain_rows(rows).items()}
     out = ["| agents x params | dropouts | mode | round s | vs plain | stages s adv/share/mask/unmask "
            "| fleet CPU s (serial) | CPU ms/agent | KB up/agent | coordinator CPU s "
            "| coordinator peak RSS MB | recovered pairwise/self | max err vs exact mean | bound | max diff vs plain |",

@@ -53,16 +53,15 @@ def pack(values: np.ndarray, bits: int) -> np.ndarray:
     if bits == RING_BITS:
         return values.copy()
     _check(bits)
-    if UNPACK_BLOCK % 32:
-        raise ValueError(f"UNPACK_BLOCK {UNPACK_BLOCK} is not a multiple of 32: a block would not start on a word")
     # 32 elements of b bits fill exactly b words, so the stream is a sequence of groups of the same layout:
     # element j of a group starts at bit j * b, in word (j * b) // 32 of the group, and spills into the next
     # word when it crosses a word's end. Working on the groups' element j together (a column, made contiguous
     # by a transpose) costs 32 vector shifts and ors per block, whatever its size.
     out = np.empty(words(values.size, bits), dtype=np.uint32)
     low = np.uint32((1 << bits) - 1)
-    for start in range(0, values.size, UNPACK_BLOCK):
-        block = values[start:start + UNPACK_BLOCK]
+    size = _block()
+    for start in range(0, values.size, size):
+        block = values[start:start + size]
         groups = -(-block.size // 32)
         padded = np.zeros(groups * 32, dtype=np.uint32)
         np.bitwise_and(block, low, out=padded[:block.size])
@@ -96,8 +95,9 @@ def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
     stream = np.ascontiguousarray(packed, dtype="<u4")
     out = np.empty(count, dtype=np.uint32)
     low = np.uint32((1 << bits) - 1)
-    for start in range(0, count, UNPACK_BLOCK):
-        size = min(UNPACK_BLOCK, count - start)
+    block = _block()
+    for start in range(0, count, block):
+        size = min(block, count - start)
         groups = -(-size // 32)
         base = start * bits // 32
         padded = np.zeros(groups * bits, dtype=np.uint32)
@@ -122,6 +122,13 @@ def signed(total: np.ndarray, bits: int) -> np.ndarray:
     _check(bits)
     low = np.asarray(total, dtype=np.uint32).astype(np.int64) & ((1 << bits) - 1)
     return np.where(low >= 1 << (bits - 1), low - (1 << bits), low)
+
+
+def _block() -> int:
+    """UNPACK_BLOCK, checked to be whole groups of 32 elements (each block then starts on a word of its own)."""
+    if UNPACK_BLOCK < 32 or UNPACK_BLOCK % 32:
+        raise ValueError(f"UNPACK_BLOCK {UNPACK_BLOCK} is not a positive multiple of 32: a block would not start on a word")
+    return UNPACK_BLOCK
 
 
 def _check(bits: int) -> None:
