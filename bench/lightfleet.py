@@ -50,6 +50,7 @@ from protocol.security.trust import OPEN, decode_trusted
 from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
 from protocol.transport.chunking import Reassembler, receive
+from protocol.transport.lean_publish import LeanClient, lean_supported
 from protocol.transport.mqtt import BrokerAddress
 from protocol.transport.sockets import disable_nagle
 from protocol.version import SOFTWARE_VERSION
@@ -394,8 +395,10 @@ def sink_main(url: str, topic: str, count: int) -> int:
     address = BrokerAddress.parse(url)
     got = {"n": 0, "bytes": 0, "first": 0.0, "last": 0.0}
     finished = threading.Event()
-    client = paho.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="raw-sink", clean_session=True,
-                         protocol=paho.MQTTv311)
+    # The coordinator's receiving code (MqttLink's client), so the baseline pays what the coordinator's link does.
+    client = (LeanClient if lean_supported() else paho.Client)(
+        callback_api_version=CallbackAPIVersion.VERSION2, client_id="raw-sink", clean_session=True,
+        protocol=paho.MQTTv311)
 
     def on_connect(c: paho.Client, u: object, f: object, r: object, p: object) -> None:
         disable_nagle(c)

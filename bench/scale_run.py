@@ -20,9 +20,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from affinity import spawning_on
 from lightfleet import LightFleet, replay_raw
 from procstat import CORES, cpu_seconds, proc_status, snapshot, used
 
@@ -78,6 +80,10 @@ longer and does not pay it (6,000 faults over some 8,000 updates), so the untune
 @dataclass
 class Result:
     config: Config
+    pinned: bool = False
+    """The coordinator and the sink were started on cores of their own (affinity.py)."""
+    coordinator_cores: frozenset[int] | None = None
+    """The cores the coordinator process was allowed, as the kernel reported them once it ran."""
     records: list[dict[str, Any]] = field(default_factory=list)
     sent: int = 0
     raw_s: float | None = None
@@ -126,6 +132,15 @@ class Result:
     def raw_median_use(self) -> dict[str, float]:
         """Each counter's median over the replays."""
         return {key: statistics.median(u[key] for u in self.raw_use) for key in self.raw_use[0]} if self.raw_use else {}
+
+    @property
+    def receiver_busy(self) -> float | None:
+        """Pinned: how busy the coordinator kept its cores (its CPU a round over the time from one round's close to
+        the next, the spans its CPU was sampled over)."""
+        spans = [float(b["closed_at"]) - float(a["closed_at"]) for a, b in pairwise(self.records)]
+        if self.cpu_per_round_s is None or not spans or min(spans) <= 0:
+            return None
+        return self.cpu_per_round_s / statistics.mean(spans)
 
     @property
     def cpu_ratio(self) -> float | None:
@@ -193,7 +208,8 @@ class RoundsLog:
         return fresh
 
 
-def start_coordinator(run_dir: Path, url: str, rounds: int, settings: dict[str, Any]) -> ManagedProcess:
+def start_coordinator(run_dir: Path, url: str, rounds: int, settings: dict[str, Any],
+                      cores: frozenset[int] | None = None) -> ManagedProcess:
     state_dir = run_dir / "coordinator"
     merged = {"federation": "scale", "broker_url": url, "state_dir": state_dir, "http_host": "127.0.0.1",
               "http_port": 0, "rounds": rounds, "fraction_fit": 1.0, "agent_timeout_s": 3600.0,
@@ -203,7 +219,8 @@ def start_coordinator(run_dir: Path, url: str, rounds: int, settings: dict[str, 
               "enrollment": "open", **settings}
     argv = [sys.executable, "-m", "coordinator", "run", *as_flags(merged)]
     process = ManagedProcess("coordinator", argv, state_dir / "coordinator.log", {**os.environ, "PYTHONUNBUFFERED": "1"})
-    return process.start()
+    with spawning_on(cores):
+        return process.start()
 
 
 def watch(coordinator: ManagedProcess, log: RoundsLog, rounds: int, timeout_s: float, poll_s: float,
@@ -238,8 +255,9 @@ def watch(coordinator: ManagedProcess, log: RoundsLog, rounds: int, timeout_s: f
 
 # -- one configuration -------------------------------------------------------------------
 def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | None = None,
-               max_rss: int | None = None) -> Result:
-    result = Result(config)
+               max_rss: int | None = None, receiver: frozenset[int] | None = None) -> Result:
+    """``receiver``: the cores the coordinator and the raw replays' sink run on (affinity.py; None: any)."""
+    result = Result(config, pinned=receiver is not None)
     run_dir = Path(tempfile.mkdtemp(prefix="fl-scale-"))
     broker = MosquittoBroker(workdir=run_dir / "broker")
     fleet: LightFleet | None = None
@@ -252,7 +270,9 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
             "round_deadline_s": round(config.round_budget_s), "max_update_bytes": max(256 << 20, 2 * config.update_bytes),
             "log_level": "INFO",
         }
-        coordinator = start_coordinator(run_dir, broker.url, rounds, settings)
+        coordinator = start_coordinator(run_dir, broker.url, rounds, settings, receiver)
+        assert coordinator.pid is not None
+        result.coordinator_cores = frozenset(os.sched_getaffinity(coordinator.pid))
         result.fleet_started_at = time.time()
         fleet = LightFleet(broker.url, "scale", config.agents, config.params, publishers=publishers).start()
         log = RoundsLog(run_dir / "coordinator" / "rounds.jsonl")
@@ -284,7 +304,7 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
             # One replay swung 2x between runs of one row on a quiet machine: the median of a few is the baseline.
             for _ in range(RAW_REPLAYS):
                 seconds, use = raw_transport(fleet, fleet.stats.update_sizes[last], broker,
-                                             timeout_s=config.round_budget_s * 2)
+                                             timeout_s=config.round_budget_s * 2, cores=receiver)
                 result.raw_runs.append(seconds)
                 result.raw_use.append(use)
             result.raw_s = statistics.median(result.raw_runs)
@@ -299,14 +319,15 @@ def run_config(config: Config, rounds: int, publishers: int = 4, keep: Path | No
 
 
 def raw_transport(fleet: LightFleet, sizes: list[list[int]], broker: MosquittoBroker,
-                  timeout_s: float) -> tuple[float, dict[str, float]]:
+                  timeout_s: float, cores: frozenset[int] | None = None) -> tuple[float, dict[str, float]]:
     """The same messages (sizes, publishers) as plain bytes to one subscriber in its own process:
     what the broker and the MQTT client cost, with no encoding, validation or aggregation. Seconds
     from the first publish to the last receipt, and the counters' use from just before the first
-    publish to the sink's exit (``procstat.used``)."""
+    publish to the sink's exit (``procstat.used``). ``cores``: where the sink runs (the coordinator's, when pinned)."""
     total = sum(len(s) for s in sizes)
-    sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", broker.url, "bench/raw", str(total)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **SINK_MALLOC})
+    with spawning_on(cores):
+        sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", broker.url, "bench/raw", str(total)],
+                                stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **SINK_MALLOC})
     try:
         assert sink.stdout is not None
         if sink.stdout.readline().strip() != "ready":

@@ -13,6 +13,7 @@
 * the in-flight window is raised (paho's default of 20 throttles QoS 1 to tens of
   messages a second on loopback);
 * callbacks run on the network thread and must only hand work over (e.g. to a queue);
+* incoming payloads are copied once, not six times (``lean_publish.py``);
 * one writer per socket: ``publish`` may be called from any thread, but only the network
   thread writes to the socket. paho writes straight from the caller's thread when it runs
   no loop thread of its own, and two writers interleave the bytes of large messages.
@@ -40,6 +41,7 @@ from protocol.transport.address import BrokerAddress as BrokerAddress
 from protocol.transport.address import check_tls_file as check_tls_file
 from protocol.transport.address import check_tls_files as check_tls_files
 from protocol.transport.address import tls_file_setting as tls_file_setting
+from protocol.transport.lean_publish import LeanClient, lean_supported
 from protocol.transport.sockets import disable_nagle
 
 log = logging.getLogger(__name__)
@@ -163,7 +165,7 @@ class MqttLink:
 
     def _new_client(self) -> paho.Client:
         v5 = self.version == "5"
-        client = paho.Client(
+        client = (LeanClient if lean_supported() else paho.Client)(  # fewer copies of what arrives
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=self.client_id,
             clean_session=None if v5 else not self.persistent_session,  # 5: clean start, set on connect

@@ -4,6 +4,7 @@ no update may be lost: every update the broker acknowledged was accepted."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -36,3 +37,19 @@ def test_scale_bench_quick_prints_grid_and_long_run() -> None:
     for what in ("median time between rounds", "coordinator RSS", "checkpoint.msgpack"):
         assert re.search(rf"^{what}.*\s\d+\.\d\s+\d+\.\d\s+\d+\.\d\d$", out, re.MULTILINE), (what, out)
     assert len(re.findall(r"^(PASS|MISS)\s+.*flat within 10%", out, re.MULTILINE)) == 3, out
+
+
+def test_scale_bench_pins_the_coordinator_to_a_core_of_its_own() -> None:
+    """--pin: the coordinator process is allowed the last core only (the kernel's word, read once it ran), and the
+    notes and the ratio's verdict say the row was pinned."""
+    out = run_bench("scale.py", "--pin", "--part", "grid", "--configs", "300x127k/mean", "--rounds", "2",
+                    timeout_s=300)
+    last = max(os.sched_getaffinity(0))
+    assert re.search(rf"^scale benchmark: .*; pinned: the coordinator \(and the raw replays' sink\) on core {last}, "
+                     r"the fleet and the broker on core [\d,]+$", out, re.MULTILINE), out
+    assert re.search(rf"^300x127k/mean \(pinned\): the coordinator \(allowed core {last}\) kept its core \d+% busy, "
+                     r"\d+\.\d\d CPU ms an update; for 1\.3x it has \d+\.\d\d ms of its core's time an update$", out,
+                     re.MULTILINE), out
+    assert re.search(r"^PASS\s+0 lost updates", out, re.MULTILINE), out
+    assert re.search(r"^(PASS|MISS)\s+mean round time <= 1.3x raw transport from 300 agents up \(the coordinator and "
+                     r"the sink on a core of their own: --pin\): 300x127k/mean \d+\.\d\d$", out, re.MULTILINE), out
