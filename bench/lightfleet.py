@@ -18,7 +18,8 @@ the fleet's own CPU stays small next to the coordinator's. Deltas are small seed
 noise, so the global model stays finite over many rounds.
 
 ``python bench/lightfleet.py sink URL TOPIC COUNT`` is the receiving end of the raw transport
-baseline (a separate process, like the coordinator).
+baseline (a separate process, like the coordinator), which ``replay_raw`` feeds with a round's
+updates built again as the round built them.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -174,7 +175,10 @@ class Publisher:
 class FleetStats:
     rounds_answered: list[int] = field(default_factory=list)
     update_sizes: dict[int, list[list[int]]] = field(default_factory=dict)
-    """round -> per publisher, the sizes of the updates it sent (the raw baseline replays them)."""
+    """round -> per publisher, the sizes of the updates it sent."""
+    sent: dict[int, tuple[list[bytes], list[list[tuple[int, str]]]]] = field(default_factory=dict)
+    """The last rounds' templates and, per publisher, the (index, agent) it sent them for: the raw baseline sends
+    the same messages, built the same way (``LightFleet.replay_messages``)."""
     errors: list[str] = field(default_factory=list)
 
 
@@ -314,9 +318,12 @@ class LightFleet:
         self.stats.rounds_answered.append(ann.round)
         sizes: list[list[int]] = [[] for _ in self.publishers]
         self.stats.update_sizes[ann.round] = sizes
+        shares = [[(i, a) for i, a in enumerate(self.share[p.name]) if a in selected] for p in self.publishers]
+        self.stats.sent[ann.round] = (templates, shares)
+        for stale in sorted(self.stats.sent)[:-2]:  # a round's templates are a few MB: keep the last two
+            del self.stats.sent[stale]
         for k, publisher in enumerate(self.publishers):
-            mine = [(i, a) for i, a in enumerate(self.share[publisher.name]) if a in selected]
-            publisher.jobs.put(lambda p, mine=mine, k=k: self._send(p, ann.round, templates, mine, sizes[k]))
+            publisher.jobs.put(lambda p, k=k: self._send(p, ann.round, templates, shares[k], sizes[k]))
 
     def _templates(self, ann: RoundAnnouncement, state: GlobalState | None) -> list[bytes]:
         """One encoded update per variant, with the placeholder agent id ``self.ids[0]``'s length."""
@@ -345,14 +352,22 @@ class LightFleet:
             out.append(encode_message(update))
         return out
 
+    def replay_messages(self, round_number: int) -> list[Callable[[], Iterator[bytes]]]:
+        """Per publisher, the updates it sent in ``round_number``, each built again as ``_send`` built it (the
+        template patched with the agent's id: a fresh copy): the raw baseline's fleet does the same work."""
+        templates, shares = self.stats.sent[round_number]
+        return [lambda mine=mine: (self._payload(templates, i, agent_id) for i, agent_id in mine) for mine in shares]
+
+    def _payload(self, templates: list[bytes], index: int, agent_id: str) -> bytes:
+        return templates[index % len(templates)].replace(_placeholder(self.ids[0]).encode(), agent_id.encode(), 1)
+
     def _send(self, publisher: Publisher, round_number: int, templates: list[bytes], mine: list[tuple[int, str]],
               sizes: list[int]) -> None:
-        placeholder = _placeholder(self.ids[0]).encode()
         checked = False
         for i, agent_id in mine:
             if publisher.stopping.is_set():
                 return
-            payload = templates[i % len(templates)].replace(placeholder, agent_id.encode(), 1)
+            payload = self._payload(templates, i, agent_id)
             if not checked:  # the patched bytes decode to this agent's update
                 decoded = decode_message(payload, Update)
                 assert decoded.agent_id == agent_id and decoded.round == round_number, decoded.agent_id
@@ -366,25 +381,24 @@ def _placeholder(agent_id: str) -> str:
 
 
 # -- raw transport baseline --------------------------------------------------------------
-def replay_raw(publishers: list[Publisher], sizes: list[list[int]], topic: str) -> float:
-    """Publish messages of ``sizes[k]`` bytes on publisher k (zeros: no encoding at all), all
-    publishers at once; returns the wall clock (time.time) of the first publish."""
+def replay_raw(publishers: list[Publisher], messages: list[Callable[[], Iterator[bytes]]], topic: str) -> float:
+    """Publish what ``messages[k]()`` yields on publisher k (``LightFleet.replay_messages``: a round's updates,
+    built as the round built them), all publishers at once; returns the wall clock (time.time) of the first
+    publish."""
     done = threading.Event()
     left = [len(publishers)]
     lock = threading.Lock()
     start = time.time()
 
-    def job(publisher: Publisher, mine: list[int]) -> None:
-        blobs: dict[int, bytes] = {}
-        for n, size in enumerate(mine):
-            payload = blobs.setdefault(size, b"\0" * size)
+    def job(publisher: Publisher, mine: Callable[[], Iterator[bytes]]) -> None:
+        for n, payload in enumerate(mine()):
             publisher.publish(f"{topic}/{publisher.name}/{n}", payload)
         with lock:
             left[0] -= 1
             if not left[0]:
                 done.set()
 
-    for publisher, mine in zip(publishers, sizes, strict=True):
+    for publisher, mine in zip(publishers, messages, strict=True):
         publisher.jobs.put(lambda p, mine=mine: job(p, mine))
     done.wait()
     return start

@@ -20,7 +20,8 @@ to round 1's opening (every agent connected, its status admitted, the round open
 there; 1.3-1.6 s at 4,000 agents, 2026-12-05, when the coordinator had stopped looking at every
 status after every message: its log put round 1 22.6 s after its start before, 1.0 s after); the
 raw transport time of
-the same messages (sizes, publishers) as plain bytes to one subscriber process, measured on
+the last round's updates, built again as the round built them and sent on the same publishers to
+one subscriber process (the coordinator's MQTT client, nothing decoded), measured on
 the same broker right after (the median of three replays; their spread is printed below the
 table); their ratio; how busy all the machine's cores were (/proc/stat) over the timed rounds and
 over the replays, and the machine's CPU a round against a replay's ("CPU x": where both keep the
