@@ -11,14 +11,15 @@ kernel unmapping the freed buffers.
 ``LeanClient`` replaces two private steps of ``paho.Client`` and nothing else:
 
 * ``_packet_read`` on a plain TCP socket: the fixed header as paho reads it (a byte at a time, so
-  a partial header waits for the next call), then the body straight into a bytearray of the
-  announced length (``recv_into``); paho's own code then handles the packet and resets its state.
-  TLS and WebSocket connections keep paho's reading;
+  a partial header waits for the next call), then a PUBLISH body of 64 KB to 16 MB straight into a
+  buffer the client keeps (``recv_into``); paho's own code then handles the packet and resets its
+  state. Other packets, TLS and WebSocket connections keep paho's reading;
 * ``_handle_publish`` at QoS 0 and 1: topic, packet id and properties are read through a
   memoryview and the payload is one ``bytes`` copy of the rest; the message goes through paho's
   callback dispatch and acknowledgement (``_handle_on_message``, ``_send_puback``, manual acks).
   QoS 2 keeps paho's code. It refuses what paho refuses: an empty topic under 3.1.1, any length
-  past the packet's end (``MalformedPacket``, which paho turns into a protocol error).
+  past the packet's end, properties its parser cannot read (``MalformedPacket``, which paho turns
+  into a protocol error and a reconnect).
 
 They are private to paho: ``lean_supported`` checks the installed paho has them in the shape
 relied on, and ``MqttLink`` falls back to paho's client when it does not.
@@ -27,10 +28,12 @@ relied on, and ``MqttLink`` falls back to paho's client when it does not.
 from __future__ import annotations
 
 import socket
+import struct
 from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.exception import MQTTException
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
@@ -39,14 +42,17 @@ try:  # where paho 2.x keeps it; without it the lean path is off (lean_supported
 except ImportError:  # pragma: no cover - another paho layout
     MalformedPacket = None  # type: ignore[assignment,misc]
 
+_BAD_PROPERTIES = (struct.error, IndexError, KeyError, ValueError, MQTTException)
+"""What paho's property parser raises on bytes it cannot read (an unknown id, a repeat, bad UTF-8, a value cut
+short): paho's own decoding turns them into ``MalformedPacket``, and only that is caught by its reading loop."""
 _STEPS = ("_packet_read", "_handle_publish", "_handle_on_message", "_send_puback", "_packet_handle", "_easy_log")
 PUBLISH = 0x30
 KEPT_FROM = 64 << 10
 KEPT_UP_TO = 16 << 20
 """PUBLISH bodies of these sizes are received into one buffer the client keeps (as large as the largest so far), not
 a fresh one each (paged in anew whenever glibc had handed the freed one back). Larger ones (a global state of 4M
-parameters and more: one a round, not thousands) get a buffer of their own, so an agent does not keep one more copy
-of its model."""
+parameters and more: one a round, not thousands) are read the paho way, so an agent does not keep one more copy of
+its model and a header alone never makes the client allocate more than this."""
 _RECEIVES_PER_CALL = 100
 """recv_into calls one read may make before the loop gets a turn to write (paho's bound too)."""
 
@@ -83,7 +89,10 @@ def parse_publish(header: int, body: bytes | bytearray | memoryview, v5: bool) -
         if end > size:
             raise MalformedPacket("the properties run past the packet")
         properties = Properties(PacketTypes.PUBLISH)
-        properties.unpack(bytes(view[pos:end]))  # only its own bytes: the parser copies what it is given per property
+        try:
+            properties.unpack(bytes(view[pos:end]))  # only its own bytes: the parser copies what it gets per property
+        except _BAD_PROPERTIES as exc:
+            raise MalformedPacket(f"unreadable properties: {exc!r}") from exc
         pos = end
     return topic, mid, properties, bytes(view[pos:])
 
@@ -117,6 +126,9 @@ class LeanClient(paho.Client):
             problem = self._read_fixed_header(sock, incoming)
             if problem is not None:
                 return problem
+        if incoming["command"] == 0:  # no such packet type; paho, handed this, would read a command byte again
+            self._easy_log(paho.MQTT_LOG_ERR, "Error: Unrecognised command 0")
+            return MQTTErrorCode.MQTT_ERR_PROTOCOL  # the connection is dropped, and the packet state with it
         if incoming["to_process"] > 0:
             problem = self._read_body(sock, incoming)
             if problem is not None:
@@ -124,7 +136,9 @@ class LeanClient(paho.Client):
         return super()._packet_read()  # header and body complete: paho handles the packet and starts the next
 
     def _read_fixed_header(self, sock: socket.socket, incoming: dict[str, Any]) -> MQTTErrorCode | None:
-        """The command byte and the remaining length, a byte a call to recv; None once both are in."""
+        """The command byte and the remaining length, a byte a call to recv; None once both are in. As in paho, a
+        command byte is read when none is held at the start of a call (so a 0 byte goes on to fail as a command)."""
+        need_command = incoming["command"] == 0
         while not incoming["have_remaining"]:
             try:
                 byte = sock.recv(1)
@@ -135,8 +149,9 @@ class LeanClient(paho.Client):
                 return MQTTErrorCode.MQTT_ERR_CONN_LOST
             if not byte:
                 return MQTTErrorCode.MQTT_ERR_CONN_LOST
-            if incoming["command"] == 0:
+            if need_command:
                 incoming["command"] = byte[0]
+                need_command = False
                 continue
             digits: list[int] = incoming["remaining_count"]
             digits.append(byte[0])
@@ -155,14 +170,11 @@ class LeanClient(paho.Client):
         packet = incoming["packet"]
         total = incoming["remaining_length"]
         if not isinstance(packet, memoryview):
-            if packet or incoming["command"] & 0xF0 != PUBLISH or total < KEPT_FROM:
-                return super()._packet_read()
-            if total > KEPT_UP_TO:
-                packet = memoryview(bytearray(total))  # a rare giant: not kept
-            else:
-                if len(self._kept) < total:
-                    self._kept = bytearray(total)  # a new one: views of the old may still be alive
-                packet = memoryview(self._kept)[:total]
+            if packet or incoming["command"] & 0xF0 != PUBLISH or not KEPT_FROM <= total <= KEPT_UP_TO:
+                return super()._packet_read()  # paho's buffer grows as bytes come: a header alone allocates nothing
+            if len(self._kept) < total:
+                self._kept = bytearray(total)  # a new one: views of the old may still be alive
+            packet = memoryview(self._kept)[:total]
             incoming["packet"] = packet
         for _ in range(_RECEIVES_PER_CALL):
             try:
@@ -196,6 +208,8 @@ class LeanClient(paho.Client):
         message.properties = properties
         message.payload = payload
         message.timestamp = paho.time_func()
+        self._easy_log(paho.MQTT_LOG_DEBUG, "Received PUBLISH (d%d, q%d, r%d, m%d), '%s', ...  (%d bytes)",
+                       message.dup, qos, message.retain, mid, topic, len(payload))
         self._handle_on_message(message)
         if qos == 1 and not self._manual_ack:
             return self._send_puback(mid)

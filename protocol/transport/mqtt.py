@@ -282,7 +282,11 @@ class MqttLink:
                 continue
             rc = MQTTErrorCode.MQTT_ERR_SUCCESS
             while not self._stopping.is_set() and rc == MQTTErrorCode.MQTT_ERR_SUCCESS:
-                rc = self._client.loop(timeout=0.5)
+                try:
+                    rc = self._client.loop(timeout=0.5)
+                except Exception:  # a bug or bytes nothing expected: this thread must live on, so reconnect
+                    log.exception("the MQTT network loop of %s failed; reconnecting", self.client_id)
+                    rc = MQTTErrorCode.MQTT_ERR_UNKNOWN
                 if self._unsettled is not None and self._connected.is_set():
                     with self._client_lock:  # the version is settled: nothing to send again any more
                         self._unsettled = None
@@ -377,4 +381,9 @@ class MqttLink:
         self.acks.subscribed(mid, reason_codes)
 
     def _handle_message(self, client: paho.Client, userdata: object, message: paho.MQTTMessage) -> None:
-        self._on_message(message.topic, message.payload, bool(message.retain))
+        try:
+            topic = message.topic
+        except UnicodeDecodeError:  # MQTT topics are UTF-8: a broker that sends anything else is broken or hostile
+            log.warning("dropped a message on a topic that is not UTF-8: %r", message._topic[:200])
+            return
+        self._on_message(topic, message.payload, bool(message.retain))

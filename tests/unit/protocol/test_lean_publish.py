@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import itertools
 import random
+import socket
 
+import paho.mqtt.client as paho
 import pytest
 from paho.mqtt import _packet as paho_packet
-from paho.mqtt.enums import MQTTProtocolVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from protocol.transport.lean_publish import MalformedPacket, lean_supported, parse_publish
+from protocol.transport.lean_publish import LeanClient, MalformedPacket, lean_supported, parse_publish
 
 
 def _properties(kind: str) -> Properties | None:
@@ -96,3 +98,67 @@ def test_the_installed_paho_has_what_the_lean_client_builds_on() -> None:
     """The project's pinned paho (deploy/coordinator/requirements.txt): if this fails after an upgrade, MqttLink has
     quietly gone back to paho's copying client; read lean_publish.py against the new paho before changing this."""
     assert lean_supported()
+
+
+def _v5_body(properties: bytes, payload: bytes = b"p") -> bytes:
+    """A QoS 0 PUBLISH body on topic "t" whose properties section is ``properties`` (its length prefixed)."""
+    assert len(properties) < 128
+    return b"\x00\x01t" + bytes([len(properties)]) + properties + payload
+
+
+UNREADABLE_PROPERTIES = {
+    "an unknown property id": b"\x7f\x00",
+    "a property given twice": b"\x01\x00\x01\x00",  # payload format indicator, twice
+    "a string that is not UTF-8": b"\x03\x00\x02\xff\xfe",  # content type
+    "a four-byte integer cut short": b"\x02\x00\x00",  # message expiry interval, 2 of its 4 bytes
+}
+
+
+@pytest.mark.parametrize("properties", UNREADABLE_PROPERTIES.values(), ids=UNREADABLE_PROPERTIES.keys())
+def test_unreadable_properties_are_a_malformed_packet(properties: bytes) -> None:
+    """paho's decoding turns its property parser's errors into MalformedPacket, the one error its reading loop
+    catches (a protocol error and a reconnect); anything else would end the network thread."""
+    with pytest.raises(MalformedPacket, match="unreadable properties"):
+        parse_publish(_header(0), _v5_body(properties), True)
+    with pytest.raises(MalformedPacket):
+        paho_packet.decode_publish(_header(0), bytearray(_v5_body(properties)), MQTTProtocolVersion.MQTTv5)
+
+
+def _read_with(cls: type[paho.Client], data: bytes) -> tuple[MQTTErrorCode, list[bytes]]:
+    """``data`` arriving on a connected socket of a client of ``cls``: what one read returns, and the payloads its
+    on_message got."""
+    client = cls(callback_api_version=CallbackAPIVersion.VERSION2, client_id="reader", protocol=paho.MQTTv5)
+    got: list[bytes] = []
+    client.on_message = lambda c, u, message: got.append(message.payload)
+    mine, theirs = socket.socketpair()
+    with mine, theirs:
+        mine.setblocking(False)
+        client._sock = mine  # what connect() leaves: a plain socket the client reads from
+        theirs.sendall(data)
+        return client._packet_read(), got
+
+
+def _packet(body: bytes) -> bytes:
+    """A QoS 0 PUBLISH packet: its fixed header (the remaining length as a variable byte integer) and ``body``."""
+    length, digits = len(body), bytearray()
+    while True:
+        length, digit = divmod(length, 128)
+        digits.append(digit | (0x80 if length else 0))
+        if not length:
+            return bytes([0x30]) + bytes(digits) + body
+
+
+BYTES_IN = {
+    "a command byte of 0": (b"\x00\x00", MQTTErrorCode.MQTT_ERR_PROTOCOL, []),
+    "unreadable properties": (_packet(_v5_body(b"\x7f\x00")), MQTTErrorCode.MQTT_ERR_PROTOCOL, []),
+    "a small publish": (_packet(_v5_body(b"\x01\x00")), MQTTErrorCode.MQTT_ERR_SUCCESS, [b"p"]),
+    "a large publish": (_packet(_v5_body(b"", bytes(66_561))), MQTTErrorCode.MQTT_ERR_SUCCESS, [bytes(66_561)]),
+}
+
+
+@pytest.mark.parametrize(("data", "rc", "payloads"), BYTES_IN.values(), ids=BYTES_IN.keys())
+def test_a_read_ends_as_pahos_does(data: bytes, rc: MQTTErrorCode, payloads: list[bytes]) -> None:
+    """The same bytes on the socket: the same return code and the same messages from paho's client and the lean one
+    (a protocol error is paho's signal to drop the connection and reconnect)."""
+    assert _read_with(paho.Client, data) == (rc, payloads)
+    assert _read_with(LeanClient, data) == (rc, payloads)
