@@ -17,15 +17,12 @@ exactly what ``encode_message`` gives for that agent's update (checked on the fi
 the fleet's own CPU stays small next to the coordinator's. Deltas are small seeded float32
 noise, so the global model stays finite over many rounds.
 
-``python bench/lightfleet.py sink URL TOPIC COUNT`` is the receiving end of the raw transport
-baseline (a separate process, like the coordinator), which ``replay_raw`` feeds with a round's
-updates built again as the round built them.
+The raw transport baseline (a round's updates replayed to a bare subscriber) is raw_transport.py.
 """
 
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +48,6 @@ from protocol.security.trust import OPEN, decode_trusted
 from protocol.tasks import BUILTIN_CARDS, layout_fingerprint
 from protocol.topics import Topics
 from protocol.transport.chunking import Reassembler, receive
-from protocol.transport.lean_publish import LeanClient, lean_supported
 from protocol.transport.mqtt import BrokerAddress
 from protocol.transport.sockets import disable_nagle
 from protocol.version import SOFTWARE_VERSION
@@ -378,70 +374,3 @@ class LightFleet:
 
 def _placeholder(agent_id: str) -> str:
     return "Z" * len(agent_id)
-
-
-# -- raw transport baseline --------------------------------------------------------------
-def replay_raw(publishers: list[Publisher], messages: list[Callable[[], Iterator[bytes]]], topic: str) -> float:
-    """Publish what ``messages[k]()`` yields on publisher k (``LightFleet.replay_messages``: a round's updates,
-    built as the round built them), all publishers at once; returns the wall clock (time.time) of the first
-    publish."""
-    done = threading.Event()
-    left = [len(publishers)]
-    lock = threading.Lock()
-    start = time.time()
-
-    def job(publisher: Publisher, mine: Callable[[], Iterator[bytes]]) -> None:
-        for n, payload in enumerate(mine()):
-            publisher.publish(f"{topic}/{publisher.name}/{n}", payload)
-        with lock:
-            left[0] -= 1
-            if not left[0]:
-                done.set()
-
-    for publisher, mine in zip(publishers, messages, strict=True):
-        publisher.jobs.put(lambda p, mine=mine: job(p, mine))
-    done.wait()
-    return start
-
-
-def sink_main(url: str, topic: str, count: int) -> int:
-    """Receive ``count`` messages on ``topic``/#; print the time.time() of the first and last, and the bytes."""
-    address = BrokerAddress.parse(url)
-    got = {"n": 0, "bytes": 0, "first": 0.0, "last": 0.0}
-    finished = threading.Event()
-    # The coordinator's receiving code (MqttLink's client), so the baseline pays what the coordinator's link does.
-    client = (LeanClient if lean_supported() else paho.Client)(
-        callback_api_version=CallbackAPIVersion.VERSION2, client_id="raw-sink", clean_session=True,
-        protocol=paho.MQTTv311)
-
-    def on_connect(c: paho.Client, u: object, f: object, r: object, p: object) -> None:
-        disable_nagle(c)
-        c.subscribe(f"{topic}/#", qos=1)
-
-    def on_subscribe(c: paho.Client, u: object, mid: int, r: object, p: object) -> None:
-        print("ready", flush=True)
-
-    def on_message(c: paho.Client, u: object, message: paho.MQTTMessage) -> None:
-        now = time.time()
-        got["first"] = got["first"] or now
-        got["last"] = now
-        got["n"] += 1
-        got["bytes"] += len(message.payload)
-        if got["n"] >= count:
-            finished.set()
-
-    client.on_connect, client.on_subscribe, client.on_message = on_connect, on_subscribe, on_message
-    client.connect(address.host, address.port, keepalive=60)
-    client.loop_start()
-    finished.wait()
-    print(f"done {got['first']:.6f} {got['last']:.6f} {got['n']} {got['bytes']}", flush=True)
-    client.disconnect()
-    client.loop_stop()
-    return 0
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "sink":
-        sys.exit(sink_main(sys.argv[2], sys.argv[3], int(sys.argv[4])))
-    print(f"usage: {sys.argv[0]} sink URL TOPIC COUNT", file=sys.stderr)
-    sys.exit(2)

@@ -1,5 +1,5 @@
 """One configuration of bench/scale.py: a fresh Mosquitto, the real coordinator as its own
-process, a light fleet (lightfleet.py), then the raw transport baseline on the same broker.
+process, a light fleet (lightfleet.py), then the raw transport baseline on the same broker (raw_transport.py).
 
 The coordinator is watched from outside, as an operator would: rounds.jsonl in its state
 directory (read as it grows), and /proc/<pid> for its peak RSS and CPU time, sampled when each
@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from affinity import spawning_on
-from lightfleet import LightFleet, replay_raw
+from lightfleet import LightFleet
 from procstat import CORES, cpu_seconds, proc_status, snapshot, used
+from raw_transport import replay_raw
 
 from launcher.broker import MosquittoBroker
 from launcher.fleet import ManagedProcess, as_flags
@@ -329,7 +330,7 @@ def raw_transport(fleet: LightFleet, round_number: int, broker: MosquittoBroker,
     publish to the sink's exit (``procstat.used``). ``cores``: where the sink runs (the coordinator's, when pinned)."""
     total = sum(len(s) for s in fleet.stats.update_sizes[round_number])
     with spawning_on(cores):
-        sink = subprocess.Popen([sys.executable, str(HERE / "lightfleet.py"), "sink", broker.url, "bench/raw", str(total)],
+        sink = subprocess.Popen([sys.executable, str(HERE / "raw_transport.py"), "sink", broker.url, "bench/raw", str(total)],
                                 stdout=subprocess.PIPE, text=True, cwd=REPO, env={**os.environ, **SINK_MALLOC})
     try:
         assert sink.stdout is not None
