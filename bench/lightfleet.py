@@ -192,6 +192,8 @@ class LightFleet:
         self.address = BrokerAddress.parse(url)
         self.topics = Topics(federation)
         self.ids = agent_ids(count)
+        self._placeholder = _placeholder(self.ids[0]).encode()
+        """What each template carries in place of the agent id (the first's length: every id has it)."""
         self.layout = model_layout(num_params)
         self.fingerprint = layout_fingerprint(layout_of({n: np.zeros(s, np.float32) for n, s in self.layout.items()}))
         """The layout fingerprint of the arrays the agents send, as their statuses report it."""
@@ -355,7 +357,7 @@ class LightFleet:
         return [lambda mine=mine: (self._payload(templates, i, agent_id) for i, agent_id in mine) for mine in shares]
 
     def _payload(self, templates: list[bytes], index: int, agent_id: str) -> bytes:
-        return templates[index % len(templates)].replace(_placeholder(self.ids[0]).encode(), agent_id.encode(), 1)
+        return templates[index % len(templates)].replace(self._placeholder, agent_id.encode(), 1)
 
     def _send(self, publisher: Publisher, round_number: int, templates: list[bytes], mine: list[tuple[int, str]],
               sizes: list[int]) -> None:

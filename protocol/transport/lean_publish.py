@@ -196,8 +196,9 @@ class LeanClient(paho.Client):
     def _handle_publish(self) -> MQTTErrorCode:
         header = self._in_packet["command"]
         qos = (header & 0x06) >> 1
-        if qos > 1:  # paho's code, on a buffer of its own kind
-            self._in_packet["packet"] = bytearray(self._in_packet["packet"])
+        if qos > 1:  # paho's code, on a buffer of its own kind (a body received in place is a view of the kept one)
+            if isinstance(self._in_packet["packet"], memoryview):
+                self._in_packet["packet"] = bytearray(self._in_packet["packet"])
             return super()._handle_publish()
         topic, mid, properties, payload = parse_publish(header, self._in_packet["packet"],
                                                         self._protocol == MQTTProtocolVersion.MQTTv5)
