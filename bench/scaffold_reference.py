@@ -85,6 +85,21 @@ correction), which removes staleness altogether:
 
 Exact variates with momentum learn slowly (59.2 at round 7) and still fall 7.1 points late: the falls are not only
 the variates' staleness; a one-class agent's correction is large against its own steps wherever it is taken.
+
+A proximal term (``-prox``: each step's gradient gains ``mu (y - x)``, FedProx's term, as FedDyn pairs one with a linear
+correction; 2026-12-05, same split, ``--steps 50``): the correction is constant through a round, and once a one-class
+agent fits its class nothing in its own loss resists it; the pull back to x would bound how far it goes:
+
+    variant (lr, K)                               final   best   largest fall after round 10
+    scaffold-II-m0.9-lr0.01-prox0.01 (0.01, 50)   92.20   95.20  38.00
+    scaffold-II-m0.9-lr0.01-prox0.1 (0.01, 50)    95.10   95.10   7.60
+    scaffold-II-m0.9-lr0.01-prox1 (0.01, 50)      92.50   92.60   4.00   (slow: 72.6 at round 11)
+    scaffold-II-m0.9-lr0.01-prox0.1-clip          94.10   94.40   2.50
+
+It does not hold in the system either: the same term in a trial build of the agent (``mu`` 0.1 on the table's SCAFFOLD
+settings, not committed) fell 33.6 points on seed 0 (81.2 to 47.6 at round 13; 94.90 final), 2.3 and 0.5 on seeds 1 and
+2 (93.20 and 96.40 final, against 95.6 and 96.4 without it), and 9.1 with the norm clip (90.10 final). Where a single
+run's largest fall lands is close to chance at this skew: the clip's 1.4 here was 7.4 in the system.
 """
 
 from __future__ import annotations
@@ -133,6 +148,8 @@ class Variant:
     of the round's (weights unchanged)."""
     lr_decay: float = 1.0
     """Outside the paper: round r (from 0) trains at ``lr * lr_decay ** r``."""
+    prox_mu: float = 0.0
+    """Outside the paper (FedProx's term): each step's gradient gains ``prox_mu * (y - x)``."""
 
 
 VARIANTS = (Variant("fedavg", False, True), Variant("scaffold-II", True, True),
@@ -154,7 +171,13 @@ EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("scaffold-fresh", True, True, "fresh"),
                Variant("scaffold-fresh-m0.9-lr0.01", True, True, "fresh", momentum=0.9, lr=0.01),
                Variant("scaffold-exact", True, True, "exact"),
-               Variant("scaffold-exact-m0.9-lr0.01", True, True, "exact", momentum=0.9, lr=0.01))
+               Variant("scaffold-exact-m0.9-lr0.01", True, True, "exact", momentum=0.9, lr=0.01),
+               Variant("scaffold-II-m0.9-lr0.01-prox0.01", True, True, momentum=0.9, lr=0.01, prox_mu=0.01),
+               Variant("scaffold-II-m0.9-lr0.01-prox0.1", True, True, momentum=0.9, lr=0.01, prox_mu=0.1),
+               Variant("scaffold-II-m0.9-lr0.01-prox1", True, True, momentum=0.9, lr=0.01, prox_mu=1.0),
+               Variant("fedavg-m0.9-lr0.01-prox0.1", False, True, momentum=0.9, lr=0.01, prox_mu=0.1),
+               Variant("scaffold-II-m0.9-lr0.01-prox0.1-clip", True, True, momentum=0.9, lr=0.01, prox_mu=0.1,
+                       clip_median=True))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
@@ -239,6 +262,8 @@ class Reference:
             with torch.no_grad():
                 for k in names:
                     grad = params[k].grad
+                    if variant.prox_mu:
+                        grad = grad + variant.prox_mu * (params[k] - x[k])
                     corrected = variant.corrected and (variant.head_corrected or not k.startswith("head."))
                     own = at_start[k] if variant.option == "fresh" else control[k]
                     correction = c[k] - own if corrected else torch.zeros_like(grad)
