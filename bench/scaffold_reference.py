@@ -100,6 +100,13 @@ It does not hold in the system either: the same term in a trial build of the age
 settings, not committed) fell 33.6 points on seed 0 (81.2 to 47.6 at round 13; 94.90 final), 2.3 and 0.5 on seeds 1 and
 2 (93.20 and 96.40 final, against 95.6 and 96.4 without it), and 9.1 with the norm clip (90.10 final). Where a single
 run's largest fall lands is close to chance at this skew: the clip's 1.4 here was 7.4 in the system.
+
+The paper's plain means with the same momentum (``-paper-m0.9``: x and c move by the unweighted means; 2026-12-05, same
+split, ``--steps 50``) do not hold either, and FedAvg swings with them (every other round at first):
+
+    variant (lr, K)                         final   best   largest fall after round 10
+    scaffold-II-paper-m0.9-lr0.01 (0.01, 50)  94.90   94.90  19.50
+    fedavg-paper-m0.9-lr0.01 (0.01, 50)       93.80   94.10   9.10
 """
 
 from __future__ import annotations
@@ -177,7 +184,9 @@ EXPERIMENTS = (Variant("scaffold-II-clipped", True, True, clip=True),
                Variant("scaffold-II-m0.9-lr0.01-prox1", True, True, momentum=0.9, lr=0.01, prox_mu=1.0),
                Variant("fedavg-m0.9-lr0.01-prox0.1", False, True, momentum=0.9, lr=0.01, prox_mu=0.1),
                Variant("scaffold-II-m0.9-lr0.01-prox0.1-clip", True, True, momentum=0.9, lr=0.01, prox_mu=0.1,
-                       clip_median=True))
+                       clip_median=True),
+               Variant("scaffold-II-paper-m0.9-lr0.01", True, False, momentum=0.9, lr=0.01),
+               Variant("fedavg-paper-m0.9-lr0.01", False, False, momentum=0.9, lr=0.01))
 """Not in the default rows (``--only`` names them): stabilisers outside the paper, tried for issue 26."""
 
 
