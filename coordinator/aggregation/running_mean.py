@@ -94,10 +94,15 @@ class RunningMean:
         self._others: dict[str, np.ndarray] = {}
         self._heaviest: tuple[float, str] | None = None
 
-    def add(self, arrays: NamedArrays, weight: float, key: str) -> None:
-        """Fold ``arrays`` in with ``weight``; ``key`` (the sender) breaks ties between equal weights."""
+    def add(self, arrays: NamedArrays, weight: float, key: str, factor: float = 1.0) -> None:
+        """Fold ``arrays`` in with ``weight``; ``key`` (the sender) breaks ties between equal weights.
+
+        ``factor``: fold them as if scaled by it (a norm clip's, ``clip_factor``), without a scaled copy; the weight
+        is not scaled."""
         if not (math.isfinite(weight) and weight >= 0):
             raise AggregationError(FailureReason.BAD_WEIGHTS, f"weight {weight} of {key}")
+        if not (math.isfinite(factor) and 0 < factor <= 1):
+            raise AggregationError(FailureReason.BAD_WEIGHTS, f"scale factor {factor} of {key}")
         layout = layout_key(arrays)
         if self.layout is None:
             self.layout = layout
@@ -108,10 +113,10 @@ class RunningMean:
             raise AggregationError(FailureReason.UNSUPPORTED_DTYPE, f"{key} sent complex arrays")
         if weight == 0:
             return  # contributes nothing, as in the batch rule
-        scale = 1.0
+        scale = factor
         if self.clip_norm is not None:
-            norm = l2_norm(arrays)
-            scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
+            norm = l2_norm(arrays) * factor
+            scale *= min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         coefficient = weight * scale
         for name, total in self.sums.items():
             total += np.multiply(arrays[name], coefficient, dtype=np.float64)

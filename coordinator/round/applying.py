@@ -15,7 +15,7 @@ from coordinator.admission.intake import Refused, UpdateIn
 from coordinator.admission.view import AdmissionView
 from coordinator.aggregation.running_mean import l2_norm, with_norm
 from coordinator.reasons import RejectReason
-from coordinator.round.norm_clip import clipped, control_key, held_size
+from coordinator.round.norm_clip import clip_factor, control_key, held_size, scaled
 from coordinator.round.notifying import notify, watch_duplicates
 from coordinator.round.parts import EngineParts
 from coordinator.round.run_state import RunState
@@ -176,15 +176,20 @@ def _privacy_reported(parts: EngineParts, agent_id: str, device: str, spent: Pri
 
 def _fold(parts: EngineParts, run: RunState, update: Update, weight: float, bound: float | None = None) -> None:
     assert run.open is not None
+    factors: dict[str, float] = {}
     if bound is not None:
-        delta, was_clipped = clipped(update.delta, l2_norm(update.delta), bound)
         control_bound = run.norm_gate.norms.bound(control_key(update.family)) if update.control_delta else None
-        control, control_clipped = clipped(update.control_delta, l2_norm(update.control_delta), control_bound)
-        if was_clipped or control_clipped:
-            update = update.model_copy(update={"delta": delta, "control_delta": control})
+        factors = {"delta": clip_factor(l2_norm(update.delta), bound),
+                   "control_delta": clip_factor(l2_norm(update.control_delta), control_bound)}
+        if any(f != 1.0 for f in factors.values()):
             run.open.clipped_norms.append(update.agent_id)
             parts.metrics.updates_clipped.labels("norm").inc()
-    run.open.updates[update.agent_id] = parts.strategy.accumulate(update, weight)
+        else:
+            factors = {}
+    if factors and not parts.strategy.folding:  # stored as rows: a scaled copy
+        update = update.model_copy(update={name: scaled(getattr(update, name), f) for name, f in factors.items()})
+        factors = {}
+    run.open.updates[update.agent_id] = parts.strategy.accumulate(update, weight, factors or None)
 
 
 def release_held(parts: EngineParts, run: RunState) -> None:

@@ -176,12 +176,24 @@ def held_size(update: Update) -> int:
     return sum(a.nbytes for part in (update.delta, update.control_delta) for a in part.values())
 
 
+def clip_factor(norm: float, bound: float | None) -> float:
+    """What a delta of L2 norm ``norm`` is scaled by to be at most ``bound``: 1 when it is within (or unbounded)."""
+    if bound is None or norm <= bound or not math.isfinite(norm) or norm == 0:
+        return 1.0
+    return bound / norm
+
+
 def clipped(delta: Mapping[str, np.ndarray], norm: float, bound: float | None) -> tuple[dict[str, np.ndarray], bool]:
     """``delta`` scaled to at most ``bound`` (float arrays only; integer buffers are not averaged anyway)."""
-    if bound is None or norm <= bound or not math.isfinite(norm) or norm == 0:
-        return dict(delta), False
-    factor = bound / norm
-    return {name: (a * np.asarray(factor, a.dtype) if a.dtype.kind == "f" else a) for name, a in delta.items()}, True
+    factor = clip_factor(norm, bound)
+    return scaled(delta, factor), factor != 1.0
+
+
+def scaled(arrays: Mapping[str, np.ndarray], factor: float) -> dict[str, np.ndarray]:
+    """A copy of ``arrays`` with the floating ones times ``factor`` in their own dtype (the others as they are)."""
+    if factor == 1.0:
+        return dict(arrays)
+    return {name: (a * np.asarray(factor, a.dtype) if a.dtype.kind == "f" else a) for name, a in arrays.items()}
 
 
 @dataclass

@@ -28,7 +28,7 @@ from coordinator.aggregation import AggregationError
 from coordinator.aggregation.aggregator import Aggregator
 from coordinator.aggregation.running_mean import Layout, RunningMean, l2_norm, layout_key
 from coordinator.reasons import RejectReason
-from coordinator.round.norm_clip import NormGate, RoundNorms, clipped, control_key, held_size
+from coordinator.round.norm_clip import NormGate, RoundNorms, clip_factor, control_key, held_size, scaled
 from coordinator.sites.secure import SiteSecureRound
 from coordinator.state.rounds import OpenRound
 from coordinator.strategies.fedproto import capped_counts, group_sums
@@ -113,16 +113,20 @@ class SiteRound:
         if self.layouts.setdefault(update.family, layouts) != layouts:  # admission checked both against the round's
             self.outcomes[update.agent_id] = AgentOutcome(outcome="rejected", reason=RejectReason.BAD_SHAPE.value)
             return  # announcement: unreachable unless that changes, and then one agent must not fail the site's sums
+        factor = control_factor = 1.0
         if bound is not None:
-            delta, _ = clipped(delta, l2_norm(delta), bound)
-            control, _ = clipped(control, l2_norm(control), self.norm_gate.norms.bound(control_key(update.family)))
+            factor = clip_factor(l2_norm(delta), bound)
+            control_factor = clip_factor(l2_norm(control), self.norm_gate.norms.bound(control_key(update.family)))
         if self.rule is not None:
             if share > 0:
-                self.kept.setdefault(update.family, []).append((update.agent_id, delta, control))
+                self.kept.setdefault(update.family, []).append((update.agent_id, scaled(delta, factor),
+                                                                scaled(control, control_factor)))
             return
-        self.means.setdefault(update.family, RunningMean(self.clip_norm)).add(delta, share, update.agent_id)
+        # The mean folds the clip's factor in, as at the root (no scaled copy).
+        self.means.setdefault(update.family, RunningMean(self.clip_norm)).add(delta, share, update.agent_id, factor)
         if control:  # unclipped by clip_norm, which bounds model deltas (as at the root: FOLD_RULES)
-            self.controls.setdefault(update.family, RunningMean(None)).add(control, share, update.agent_id)
+            self.controls.setdefault(update.family, RunningMean(None)).add(control, share, update.agent_id,
+                                                                         control_factor)
 
     def _robust(self, family: str, outcomes: dict[str, AgentOutcome]) -> dict:
         """The rule over the family's kept deltas, as partial fields (sums = count x result); on too few updates,

@@ -51,9 +51,9 @@ class RoundFolds:
         self._groups: dict[tuple[str, tuple[tuple[str, Layout], ...]], _Group] = {}
         self._layouts: dict[str, dict[str, Layout]] = {}
 
-    def add(self, update: Update, weight: float = 1.0) -> Update:
-        """Fold ``update``'s payload in (by-samples fields at ``weight`` x its samples); return it without
-        the folded arrays (so they can be freed)."""
+    def add(self, update: Update, weight: float = 1.0, factors: Mapping[str, float] | None = None) -> Update:
+        """Fold ``update``'s payload in (by-samples fields at ``weight`` x its samples, each field's arrays scaled
+        by its entry in ``factors``, if any); return it without the folded arrays (so they can be freed)."""
         payload = {name: getattr(update, name) for name in FOLD_RULES if getattr(update, name)}
         joint = tuple((name, layout_key(arrays)) for name, arrays in payload.items())
         group = self._groups.get((update.family, joint))
@@ -63,7 +63,7 @@ class RoundFolds:
             self._groups[(update.family, joint)] = group
         for name, arrays in payload.items():
             share = float(update.num_samples) * weight if FOLD_RULES[name].by_samples else 1.0
-            group.means[name].add(arrays, share, update.agent_id)
+            group.means[name].add(arrays, share, update.agent_id, (factors or {}).get(name, 1.0))
         group.members.add(update.agent_id)
         self._layouts[update.agent_id] = dict(joint)
         return update.model_copy(update={name: {} for name in payload})

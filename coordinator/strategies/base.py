@@ -141,16 +141,26 @@ class Strategy(ABC):
         else:
             self.rows = RoundRows(capacity, memory_budget_bytes, spill_dir)
 
-    def accumulate(self, update: Update, weight: float = 1.0) -> Update:
+    @property
+    def folding(self) -> bool:
+        """This round folds payloads into running means as they come (``accumulate`` then takes ``factors``)."""
+        return self.folds is not None
+
+    def accumulate(self, update: Update, weight: float = 1.0, factors: Mapping[str, float] | None = None) -> Update:
         """Take in an accepted update; returns what the round must keep of it (its arrays folded or stored).
 
-        ``weight`` multiplies its sample count in every by-samples mean (staleness, label skew)."""
+        ``weight`` multiplies its sample count in every by-samples mean (staleness, label skew). ``factors``:
+        payload field -> the scale its arrays count with (the norm gate's clip), applied in the fold instead of
+        a scaled copy; only a round that is ``folding`` takes them (the others store scaled copies)."""
         self.weights[update.agent_id] = weight
+        scaled = factors is not None and any(f != 1.0 for f in factors.values())
+        if scaled and (self.folds is None or update.weights):
+            raise ValueError("scale factors are applied in a fold: store a scaled copy instead")
         if self.proposals is not None and update.weights:  # a family's first state: see first_state
             self._proposed.add(update.agent_id)
             return self._keep_proposal(self.proposals, update)
         if self.folds is not None:
-            return self.folds.add(update, weight)
+            return self.folds.add(update, weight, factors if scaled else None)
         if self.rows is not None:
             return self.rows.add(update)
         return update

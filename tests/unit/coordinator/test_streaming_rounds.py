@@ -93,6 +93,26 @@ def test_folding_refuses_a_second_layout_and_an_empty_round() -> None:
     assert failed.value.reason == "no_updates"
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_a_factor_folds_like_the_scaled_copy_and_leaves_the_weight_alone(clip: float | None) -> None:
+    """The norm gate's clip is folded in as a factor instead of a scaled copy: the same mean (to float32 rounding of
+    the copy), the weight counted unscaled, a clip_norm bound measured on the scaled arrays; a factor outside
+    (0, 1] is refused."""
+    rng = np.random.default_rng(2)
+    updates = [{"w": rng.normal(size=(5, 3)).astype(np.float32), "steps": np.array(i, np.int64)} for i in range(4)]
+    factors, weights = [0.25, 1.0, 0.5, 0.8], [3.0, 1.0, 4.0, 2.0]
+    folded, copied = RunningMean(clip), RunningMean(clip)
+    for i, (arrays_, factor, weight) in enumerate(zip(updates, factors, weights, strict=True)):
+        folded.add(arrays_, weight, f"a{i}", factor)
+        copied.add({"w": arrays_["w"] * np.float32(factor), "steps": arrays_["steps"]}, weight, f"a{i}")
+    assert folded.total_weight == copied.total_weight == sum(weights)
+    np.testing.assert_allclose(folded.result()["w"], copied.result()["w"], rtol=1e-6, atol=1e-7)
+    assert not np.allclose(folded.result()["w"], weighted_mean(updates, weights)["w"], rtol=1e-3)  # it did scale
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(AggregationError, match="factor"):
+            RunningMean(clip).add(updates[0], 1.0, "a", bad)
+
+
 def update(agent: str, samples: int, base: str | None, **payload: dict[str, np.ndarray]) -> Update:
     return Update(run_id="r", agent_id=agent, round=1, task="train", task_ref=DIGITS, family="f", base_digest=base, num_samples=samples,
                   metrics=TrainMetrics(), **payload)
@@ -129,6 +149,28 @@ def test_fedavg_streams_under_the_mean_and_matches_the_batch_path(clip: float | 
     run_round(batch, deltas, 2)
     for name in ("w", "b"):
         np.testing.assert_allclose(streaming.states["f"].weights[name], batch.states["f"].weights[name], rtol=1e-6)
+
+
+def test_factors_are_folded_by_a_folding_round_and_refused_by_one_that_stores_rows() -> None:
+    """``accumulate`` takes the clip's factors only where it folds; a round that stores rows (a robust rule) must be
+    given scaled copies, or its rows would hold unclipped deltas."""
+    rng = np.random.default_rng(3)
+    deltas = [arrays(rng) for _ in range(3)]
+    folding = FedAvg(Aggregator("mean", weighted_mean, {}, None))
+    folding.begin_round(3)
+    assert folding.folding
+    kept = [folding.accumulate(update(f"a{i}", 10 + i, None, delta=d), 1.0, {"delta": 0.5})
+            for i, d in enumerate(deltas)]
+    assert folding.folds is not None and all(not k.delta for k in kept)
+    halves = [{n: a * np.float32(0.5) for n, a in d.items()} for d in deltas]
+    expected = weighted_mean(halves, [10.0, 11.0, 12.0])
+    for name, value in folding.folds.mean(kept, "delta").items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-6, atol=1e-7)
+    median = FedAvg(Aggregator("median", coordinate_median, {}, None))
+    median.begin_round(3)
+    assert not median.folding
+    with pytest.raises(ValueError, match="scaled copy"):
+        median.accumulate(update("a0", 10, None, delta=deltas[0]), 1.0, {"delta": 0.5})
 
 
 def test_scaffold_streams_weights_deltas_and_control_deltas() -> None:
