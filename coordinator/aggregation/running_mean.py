@@ -101,7 +101,7 @@ class RunningMean:
         is not scaled."""
         if not (math.isfinite(weight) and weight >= 0):
             raise AggregationError(FailureReason.BAD_WEIGHTS, f"weight {weight} of {key}")
-        if not (math.isfinite(factor) and 0 < factor <= 1):
+        if not (math.isfinite(factor) and 0 <= factor <= 1):  # 0: a bound of 0 (a median of zero deltas)
             raise AggregationError(FailureReason.BAD_WEIGHTS, f"scale factor {factor} of {key}")
         layout = layout_key(arrays)
         if self.layout is None:

@@ -186,7 +186,7 @@ def _fold(parts: EngineParts, run: RunState, update: Update, weight: float, boun
             parts.metrics.updates_clipped.labels("norm").inc()
         else:
             factors = {}
-    if factors and not parts.strategy.folding:  # stored as rows: a scaled copy
+    if factors and (not parts.strategy.folding or update.weights):  # stored (rows, a proposal): a scaled copy
         update = update.model_copy(update={name: scaled(getattr(update, name), f) for name, f in factors.items()})
         factors = {}
     run.open.updates[update.agent_id] = parts.strategy.accumulate(update, weight, factors or None)

@@ -160,6 +160,25 @@ def test_a_cohort_over_the_memory_budget_is_held_only_to_hold(tmp_path: Path) ->
     np.testing.assert_allclose(small_first, 1.0 + (6 * 0.1 + 0.5) / 7, rtol=1e-6)
 
 
+def test_a_round_whose_median_delta_is_zero_scales_the_others_to_nothing_and_completes(tmp_path: Path) -> None:
+    """Four of seven agents send zero deltas (nothing trained, or devices in concert): the round's bound is 0, so the
+    three others' deltas count as zeros (a clip factor of 0) and the round still closes, the model unchanged."""
+    engine, _, _ = make_engine(tmp_path, Clock(), max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7,
+                               min_fit_agents=7)
+    for agent_id in SEVEN:
+        hello(engine, agent_id)
+    engine.tick()
+    for agent_id in SEVEN:
+        send(engine, update(engine, agent_id, 1))
+    engine.tick(), engine.tick()
+    for agent_id in SEVEN:
+        size = 0.5 if agent_id.startswith("s") else 0.0
+        send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
+    engine.tick()
+    assert engine.run.next_round == 3
+    np.testing.assert_array_equal(engine.strategy.states["f"].weights["w"], 1.0)
+
+
 def test_the_gate_holds_a_family_s_cohort_up_to_hold_max_or_its_memory() -> None:
     gate: NormGate[int] = NormGate(RoundNorms(1.0), {"f": 5, "g": 1, "h": 10**6, "m": 10**6}, hold_bytes=1000)
     assert [gate.admit("f", i, float(i)) for i in range(4)] == [[]] * 4

@@ -97,7 +97,7 @@ def test_folding_refuses_a_second_layout_and_an_empty_round() -> None:
 def test_a_factor_folds_like_the_scaled_copy_and_leaves_the_weight_alone(clip: float | None) -> None:
     """The norm gate's clip is folded in as a factor instead of a scaled copy: the same mean (to float32 rounding of
     the copy), the weight counted unscaled, a clip_norm bound measured on the scaled arrays; a factor outside
-    (0, 1] is refused."""
+    [0, 1] is refused."""
     rng = np.random.default_rng(2)
     updates = [{"w": rng.normal(size=(5, 3)).astype(np.float32), "steps": np.array(i, np.int64)} for i in range(4)]
     factors, weights = [0.25, 1.0, 0.5, 0.8], [3.0, 1.0, 4.0, 2.0]
@@ -108,7 +108,10 @@ def test_a_factor_folds_like_the_scaled_copy_and_leaves_the_weight_alone(clip: f
     assert folded.total_weight == copied.total_weight == sum(weights)
     np.testing.assert_allclose(folded.result()["w"], copied.result()["w"], rtol=1e-6, atol=1e-7)
     assert not np.allclose(folded.result()["w"], weighted_mean(updates, weights)["w"], rtol=1e-3)  # it did scale
-    for bad in (0.0, 1.5, float("nan")):
+    zero = RunningMean(clip)  # a bound of 0 (the median of zero deltas) scales a delta to nothing, as a copy did
+    zero.add(updates[0], 2.0, "a", 0.0)
+    assert zero.total_weight == 2.0 and not zero.result()["w"].any()
+    for bad in (-0.5, 1.5, float("nan")):
         with pytest.raises(AggregationError, match="factor"):
             RunningMean(clip).add(updates[0], 1.0, "a", bad)
 
