@@ -304,7 +304,7 @@ def test_a_site_clips_against_its_whole_cohort_s_median_whatever_order_its_agent
     np.testing.assert_allclose(states[0], 1.0 + 0.1 * total / total, rtol=1e-6)
 
 
-def _restarted_site_mean(tmp_path: Path, order: list[str]) -> np.ndarray:
+def _restarted_site_mean(tmp_path: Path, order: list[str], small: float = 0.1) -> np.ndarray:
     root, outbox, _, sites = setup(tmp_path, "x", with_sites=True, site_overrides={"max_norm_ratio": 1.0})
     run_rounds(root, outbox, sites, 1)  # the bootstrap
     root.tick()
@@ -315,7 +315,7 @@ def _restarted_site_mean(tmp_path: Path, order: list[str]) -> np.ndarray:
     for agent in order:
         hello(site, agent, samples=SAMPLES[agent])  # ... then the retained statuses
     for agent in order:
-        size = 0.5 if agent in ("c3", "c4") else 0.1
+        size = 0.5 if agent in ("c3", "c4") else small
         delta = {k: np.full_like(v, size) for k, v in weights(0).items()}
         site.on_message(TOPICS.update(agent, announcement.round),
                         encode_message(answer(announcement, agent, root.run.run_id, delta)))
@@ -330,6 +330,12 @@ def test_a_restarted_site_s_clip_does_not_depend_on_arrival_order(tmp_path: Path
     forward = _restarted_site_mean(tmp_path / "f", ["c1", "c2", "c3", "c4"])
     backward = _restarted_site_mean(tmp_path / "b", ["c4", "c3", "c2", "c1"])
     np.testing.assert_allclose(forward, backward, rtol=1e-9)
+
+
+def test_a_site_whose_median_delta_is_zero_bounds_the_others_to_nothing(tmp_path: Path) -> None:
+    """c1 and c2 send zero deltas, c3 and c4 0.5 a value: the low median of the four norms is 0, so the site's bound is
+    0 and the large deltas are folded with a clip factor of 0; its partial is a mean of zeros, not a failed fold."""
+    np.testing.assert_array_equal(_restarted_site_mean(tmp_path, ["c1", "c2", "c3", "c4"], small=0.0), 0.0)
 
 
 ORDER_DIRECT = {"d1": 0.1, "d2": 5.0, "d3": 5.0}
