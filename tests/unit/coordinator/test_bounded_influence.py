@@ -114,9 +114,9 @@ SEVEN = ["s1", "s2", "s3", "l1", "l2", "l3", "l4"]
 
 
 def _state_after_a_clipped_round(tmp_path: Path, order: list[str], restart: bool = False,
-                                 **overrides: object) -> np.ndarray:
-    """Seven agents; in round 2 three send deltas of 0.1 a value and four of 0.5 (in ``order``; ``restart``: the
-    coordinator restarts with round 2 open, and its agents say hello again first): the weights it ends with."""
+                                 sizes: tuple[float, float] = (0.1, 0.5), **overrides: object) -> np.ndarray:
+    """Seven agents; in round 2 three send deltas of 0.1 a value and four of 0.5 (``sizes``; in ``order``; ``restart``:
+    the coordinator restarts with round 2 open, and its agents say hello again first): the weights it ends with."""
     settings = {"max_norm_ratio": 1.0, "claim_cap_multiple": 0.0, "min_available_agents": 7, "min_fit_agents": 7,
                 **overrides}
     clock = Clock()
@@ -134,7 +134,7 @@ def _state_after_a_clipped_round(tmp_path: Path, order: list[str], restart: bool
         for agent_id in SEVEN:
             hello(engine, agent_id)
     for agent_id in order:
-        size = 0.1 if agent_id.startswith("s") else 0.5
+        size = sizes[0] if agent_id.startswith("s") else sizes[1]
         send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
     engine.tick()
     assert engine.run.next_round == 3
@@ -163,20 +163,7 @@ def test_a_cohort_over_the_memory_budget_is_held_only_to_hold(tmp_path: Path) ->
 def test_a_round_whose_median_delta_is_zero_scales_the_others_to_nothing_and_completes(tmp_path: Path) -> None:
     """Four of seven agents send zero deltas (nothing trained, or devices in concert): the round's bound is 0, so the
     three others' deltas count as zeros (a clip factor of 0) and the round still closes, the model unchanged."""
-    engine, _, _ = make_engine(tmp_path, Clock(), max_norm_ratio=1.0, claim_cap_multiple=0.0, min_available_agents=7,
-                               min_fit_agents=7)
-    for agent_id in SEVEN:
-        hello(engine, agent_id)
-    engine.tick()
-    for agent_id in SEVEN:
-        send(engine, update(engine, agent_id, 1))
-    engine.tick(), engine.tick()
-    for agent_id in SEVEN:
-        size = 0.5 if agent_id.startswith("s") else 0.0
-        send(engine, update(engine, agent_id, 2, delta={k: np.full_like(v, size) for k, v in weights(0).items()}))
-    engine.tick()
-    assert engine.run.next_round == 3
-    np.testing.assert_array_equal(engine.strategy.states["f"].weights["w"], 1.0)
+    np.testing.assert_array_equal(_state_after_a_clipped_round(tmp_path, SEVEN, sizes=(0.5, 0.0)), 1.0)
 
 
 def test_the_gate_holds_a_family_s_cohort_up_to_hold_max_or_its_memory() -> None:
