@@ -90,6 +90,10 @@ class CoordinatorSettings(BrokerSettings):
         "scaffold: correct the classifier head's steps too (the paper); false: the head takes plain SGD steps and "
         "only the feature layers are corrected, which kept SCAFFOLD from swinging on strongly skewed real MNIST "
         "(bench/scaffold_reference.py)"))
+    scaffold_absent_class_scale: float = Field(default=1.0, gt=0.0, le=1.0, description=(
+        "scaffold: below 1, each agent's training loss scales the logits of the classes it holds no sample of by "
+        "this (a restricted softmax, as FedRS); under strong label skew it keeps one-class agents from swinging the "
+        "model (bench/scaffold_reference.py); refused by agents with dp on"))
     proto_lambda: float = Field(default=1.0, ge=0.0, le=1000.0, description="fedproto: weight of the alignment loss")
     proto_warmup_rounds: int = Field(default=0, ge=0, le=100_000,
                                      description="fedproto: rounds over which lambda ramps up linearly; 0: none")

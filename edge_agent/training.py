@@ -21,6 +21,10 @@ class TrainingHooks(Protocol):
     """What local training calls of an algorithm (``edge_agent.algorithms.base.ClientAlgorithm``
     provides it); typed structurally, since the algorithms import this module's results."""
 
+    @property
+    def absent_class_scale(self) -> float:
+        """The factor on the logits of the classes this agent holds no sample of, in the training loss only."""
+
     def extra_loss(self, model: FedModel, embeddings: torch.Tensor, logits: torch.Tensor,
                    labels: torch.Tensor) -> torch.Tensor | None: ...
 
@@ -86,6 +90,18 @@ def batch_indices(num_samples: int, batch_size: int, plan: LocalTraining,
             yield order[start:start + batch_size]
 
 
+def absent_class_factors(data: Dataset, scale: float, device: torch.device) -> torch.Tensor | None:
+    """Per class, the factor on its logit in the training loss: 1 where ``data`` holds the class, ``scale`` where it
+    holds none (a restricted softmax, as FedRS: Li and Zhan, KDD 2021); None when nothing is scaled.
+
+    Under label skew an agent's cross-entropy pushes the logits of the classes it never sees down, every step;
+    scaled down, they are pushed less, and the agent's update rewrites less of what the others taught the model."""
+    if scale == 1.0 or not data.num_classes:
+        return None
+    held = torch.bincount(torch.from_numpy(data.y), minlength=data.num_classes) > 0
+    return torch.where(held, 1.0, scale).to(device)
+
+
 def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size: int, device: torch.device,
                 algorithm: TrainingHooks, seed: int, objective: Objective = CLASSIFICATION) -> TrainResult:
     """SGD over ``data`` in the plan's batches (``batch_indices``); the loss is the task's plus the algorithm's terms."""
@@ -94,6 +110,7 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
     optimizer = SGD(model.parameters(), lr=plan.learning_rate, momentum=plan.momentum,
                     weight_decay=plan.weight_decay)  # not torch.optim's: see edge_agent/sgd.py
     x, y = to_tensors(data, device)
+    factors = absent_class_factors(data, algorithm.absent_class_scale, device)
     generator = torch.Generator().manual_seed(seed)
     loss_sum = 0.0
     correct = seen = steps = 0
@@ -101,7 +118,7 @@ def train_local(model: FedModel, data: Dataset, plan: LocalTraining, batch_size:
         inputs, labels = x[index.to(device)], y[index.to(device)]
         embeddings = model.embed(inputs)
         logits = model.head(embeddings)
-        loss = objective.loss(logits, labels)
+        loss = objective.loss(logits if factors is None else logits * factors, labels)
         extra = algorithm.extra_loss(model, embeddings, logits, labels)
         total = loss if extra is None else loss + extra
         optimizer.zero_grad(set_to_none=True)

@@ -57,7 +57,8 @@ ALGORITHMS.register(
 ALGORITHMS.register(
     "scaffold", by_reference("coordinator.strategies.scaffold:build"),
     summary="SCAFFOLD: deltas corrected by control variates (local momentum 0 unless set)",
-    settings=("server_learning_rate", "scaffold_correct_head"), modes=("sync",), payloads=("weights", "delta", "control"), dp=DP_EITHER,
+    settings=("server_learning_rate", "scaffold_correct_head", "scaffold_absent_class_scale"), modes=("sync",),
+    payloads=("weights", "delta", "control"), dp=DP_EITHER,
     secure=("off", "on"))
 ALGORITHMS.register(
     "fedproto", by_reference("coordinator.strategies.fedproto:build"),

@@ -67,16 +67,22 @@ class Scaffold(Strategy):
     bootstrap_fields = ("weights", "control_delta")
 
     def __init__(self, aggregator: Aggregator | AggregateFn, server_learning_rate: float = 1.0,
-                 correct_head: bool = True) -> None:
+                 correct_head: bool = True, absent_class_scale: float = 1.0) -> None:
         super().__init__(aggregator)
         if server_learning_rate <= 0:
             raise ValueError(f"scaffold's global learning rate must be positive, got {server_learning_rate}")
         self.server_learning_rate = server_learning_rate
         self.correct_head = correct_head
+        if not 0.0 < absent_class_scale <= 1.0:
+            raise ValueError(f"scaffold's absent_class_scale must lie in (0, 1], got {absent_class_scale}")
+        self.absent_class_scale = absent_class_scale
 
     def round_params(self, round_number: int) -> dict[str, float | int | bool]:
-        """Announced only off its default, so a round of the paper's SCAFFOLD reads as before."""
-        return {} if self.correct_head else {"correct_head": False}
+        """Each announced only off its default, so a round of the paper's SCAFFOLD reads as before."""
+        params: dict[str, float | int | bool] = {} if self.correct_head else {"correct_head": False}
+        if self.absent_class_scale != 1.0:
+            params["absent_class_scale"] = self.absent_class_scale
+        return params
 
     def check_update(self, update: Update) -> Reject | None:
         problem = super().check_update(update)
@@ -124,4 +130,5 @@ class Scaffold(Strategy):
 def build(settings: CoordinatorSettings) -> Scaffold:
     """The ``scaffold`` entry of ``coordinator/strategies/registry.py``."""
     return Scaffold(build_aggregator(settings), server_learning_rate=settings.server_learning_rate,
-                    correct_head=settings.scaffold_correct_head)
+                    correct_head=settings.scaffold_correct_head,
+                    absent_class_scale=settings.scaffold_absent_class_scale)

@@ -84,6 +84,11 @@ class ClientAlgorithm:
         if global_state is not None:
             set_arrays(model, global_state.weights)
 
+    @property
+    def absent_class_scale(self) -> float:
+        """The factor local training puts on the logits of classes the agent holds none of (1: none)."""
+        return 1.0
+
     def check_plan(self, plan: LocalTraining) -> None:
         """Raise ProtocolError if the announced local training does not suit this algorithm."""
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from edge_agent.algorithms.base import AlgorithmParams, ClientAlgorithm, model_fields, parameter_names
 from edge_agent.algorithms.registry import register_client
@@ -53,6 +54,10 @@ class ScaffoldParams(AlgorithmParams):
     correct_head: bool = True
     """False (outside the paper): the classifier head (``head.*``) takes plain SGD steps; only the feature layers'
     are corrected. Its variates are still kept and sent, so the server's arithmetic is unchanged."""
+    absent_class_scale: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Below 1 (outside the paper): the training loss scales the logits of the classes this agent holds no sample
+    of by it (``edge_agent.training.absent_class_factors``); under strong label skew it keeps one-class agents from
+    swinging the model (bench/scaffold_reference.py)."""
 
 
 class ScaffoldClient(ClientAlgorithm):
@@ -64,6 +69,10 @@ class ScaffoldClient(ClientAlgorithm):
     @property
     def state_name(self) -> str:
         return f"{FILE_PREFIX}{self.context.run_id}-{self.context.family}"
+
+    @property
+    def absent_class_scale(self) -> float:
+        return self.params.absent_class_scale
 
     def check_plan(self, plan: LocalTraining) -> None:
         self._learning_rate = plan.learning_rate  # every step moves the weights by lr * (c - c_i)

@@ -48,6 +48,9 @@ class PrivateTrainer:
         if not algorithm.dp_compatible:
             raise PrivacyUnsupported(f"algorithm {algorithm.name!r} is not marked DP-compatible: this agent "
                                      "trains with dp on and will not run it")
+        if algorithm.absent_class_scale != 1.0:
+            raise PrivacyUnsupported(f"{algorithm.name}'s absent_class_scale shapes the loss by which classes the "
+                                     "private data holds, which DP-SGD does not cover: leave it at 1 with dp on")
         shape = RoundShape.of(len(data), batch_size, plan.epochs, plan.steps)
         self._check_delta(len(data))
         sigma = self.ledger.noise_multiplier(self.config, shape.sample_rate, shape.steps)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from coordinator.admission.decisions import Reject
 from coordinator.aggregation import weighted_mean
@@ -121,3 +122,14 @@ def test_a_head_left_uncorrected_is_announced_and_the_papers_scaffold_announces_
     assert build_strategy(CoordinatorSettings(**base)).round_params(3) == {}
     assert build_strategy(CoordinatorSettings(**base, scaffold_correct_head=False)).round_params(3) == {
         "correct_head": False}
+    assert build_strategy(CoordinatorSettings(**base, scaffold_absent_class_scale=0.5)).round_params(3) == {
+        "absent_class_scale": 0.5}
+    assert build_strategy(CoordinatorSettings(**base, scaffold_correct_head=False, scaffold_absent_class_scale=0.25)
+                          ).round_params(3) == {"correct_head": False, "absent_class_scale": 0.25}
+
+
+@pytest.mark.parametrize("scale", [0.0, 1.5])
+def test_an_absent_class_scale_outside_zero_to_one_fails_at_start_up_naming_it(scale: float) -> None:
+    with pytest.raises(ValidationError, match="scaffold_absent_class_scale"):
+        CoordinatorSettings(federation="t", enrollment="open", algorithm="scaffold",
+                            scaffold_absent_class_scale=scale)
