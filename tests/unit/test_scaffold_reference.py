@@ -132,6 +132,10 @@ class Recording:
     index_of: dict[float, int]
     batches: list[list[int]] = field(default_factory=list)
 
+    @property
+    def absent_class_scale(self) -> float:
+        return self.client.absent_class_scale
+
     def extra_loss(self, model: FedModel, embeddings: torch.Tensor, logits: torch.Tensor,
                    labels: torch.Tensor) -> torch.Tensor | None:
         self.batches.append([self.index_of[v] for v in labels.tolist()])
