@@ -3,7 +3,7 @@
 The server variate each round must equal the previous one plus |S|/N times the sample-weighted
 mean of the control deltas the agents published (N: the 4 agents the coordinator knows, |S|: the 2 it
 selected), recomputed here from the recorded updates alone. The run announces ``absent_class_scale``, which the
-agents accept (an agent skips a round whose params it does not know).
+agents accept (an agent skips a round whose params it does not know), and a local learning rate halved each round.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ def test_scaffold_fleet_updates_the_server_variate_from_what_agents_sent(
         "algorithm": "scaffold", "rounds": ROUNDS, "min_available_agents": 4, "min_fit_agents": 2,
         "fraction_fit": 0.5, "local_epochs": 1, "server_learning_rate": 0.8, "round_deadline_s": 120,
         "scaffold_absent_class_scale": 0.5,  # announced to the agents, which train with it (rounds complete)
+        "learning_rate": 0.05, "learning_rate_decay": 0.5,  # each round announces half the last one's rate
         # SCAFFOLD's arithmetic on exactly what the agents sent: no claim cut, no delta clipped (tested elsewhere)
         "claim_cap_multiple": 0, "max_norm_ratio": 0,
     }, federation=FEDERATION)
@@ -54,6 +55,7 @@ def test_scaffold_fleet_updates_the_server_variate_from_what_agents_sent(
     control: dict[str, np.ndarray] | None = None
     for number in range(1, ROUNDS + 1):
         assert announcements[number].training.momentum == 0.0
+        assert announcements[number].training.learning_rate == pytest.approx(0.05 * 0.5 ** (number - 1))
         assert announcements[number].params == {"absent_class_scale": 0.5}
         sent = updates[number]
         assert sorted(u.agent_id for u in sent) == announcements[number].selected and len(sent) == 2

@@ -27,7 +27,7 @@ FLOORS = {
     "admission": 3,
     "aggregation": 2,
     "fleet": 1, "state": 1, "telemetry": 1,
-    "settings": 0, "reasons": 0,
+    "settings": 0, "reasons": 0, "schedule": 0,
 }
 """The coordinator's rooms, top to bottom: a room imports only rooms on lower floors (on the lowest floors also
 another room of its own floor). The settings read the names of the registries (``*.registry`` modules), so that

@@ -135,6 +135,8 @@ def test_a_config_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     ({"aggregator": "median", "byzantine_f": 3, "max_agents_per_round": 6}, "needs 7 updates"),
     ({"max_known_agents": 1, "min_available_agents": 2}, "no round would open"),
     ({"broker_url": "mqtt://localhost:0"}, "port 0"),
+    ({"learning_rate_decay": 0.5, "rounds": 40}, "learning_rate_decay 0.5 over 40 rounds"),  # 2^-39 underflows
+    ({"learning_rate_decay": 1.5}, "learning_rate_decay"),
 ])
 def test_settings_no_round_could_run_with_are_refused_at_start_up(values: dict, named: str) -> None:
     with pytest.raises(ConfigError, match=named):

@@ -117,3 +117,20 @@ def test_local_steps_are_announced_to_every_agent(tmp_path: Path) -> None:
         hello(engine, agent_id, "f")
     engine.tick()
     assert current(engine).training.steps == 25
+
+
+def test_the_local_learning_rate_decays_once_a_round(tmp_path: Path) -> None:
+    engine, _, _ = make_engine(tmp_path, Clock(), learning_rate=0.08, learning_rate_decay=0.5)
+    hello(engine, "a", "f"), hello(engine, "b", "f")
+    announced = []
+    for round_number in (1, 2, 3):
+        engine.tick()
+        announcement = current(engine)
+        assert announcement.round == round_number
+        announced.append(announcement.training.learning_rate)
+        for agent_id in announcement.selected:
+            payload = {"weights": weights(1.0)} if round_number == 1 else {"delta": weights(0.1)}
+            send(engine, agent_id, "f", **payload)
+        engine.tick()
+        assert engine.last_summary.outcome == "completed", engine.last_summary
+    assert announced == [0.08, 0.04, 0.02]
