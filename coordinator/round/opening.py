@@ -135,12 +135,12 @@ def _tell_the_minority(parts: EngineParts, run: RunState, willing: list[AgentRec
 def announce(parts: EngineParts, run: RunState, number: int, task: str, selected: list[str],
              families: set[str]) -> RoundAnnouncement:
     s = parts.settings
+    learning_rate = round_learning_rate(s.learning_rate, s.learning_rate_decay, number)
     return RoundAnnouncement(
         run_id=run.run_id, round=number, task=task, task_ref=parts.task.card.ref,
         layouts={f: parts.task.layouts[f] for f in sorted(families)}, algorithm=parts.strategy.algorithm,
-        training=LocalTraining(epochs=s.local_epochs, learning_rate=round_learning_rate(s.learning_rate, s.learning_rate_decay, number),
-                               momentum=s.momentum, weight_decay=s.weight_decay, batch_size=s.batch_size,
-                               steps=s.local_steps),
+        training=LocalTraining(epochs=s.local_epochs, learning_rate=learning_rate, momentum=s.momentum,
+                               weight_decay=s.weight_decay, batch_size=s.batch_size, steps=s.local_steps),
         params=parts.strategy.round_params(number), selected=selected,
         states={f: StateRef(family=f, round=st.round, digest=st.digest) for f, st in parts.strategy.states.items()},
         init_seed=s.init_seed, issued_at=parts.wall_clock(), deadline_s=s.round_deadline_s, last_round=s.rounds,
