@@ -3,6 +3,7 @@
     python bench/async.py            # the full table (about 10 minutes on 2 cores)
     python bench/async.py --quick    # a smoke run for CI: 6 agents, short delays (numbers meaningless)
     python bench/async.py --only weighting --seed 1   # part 2 alone (about 2 minutes), another split
+    python bench/async.py --only weighting --unbounded --temperature 2   # part 2 without the default bounds
 
 Part 1 (bench/async_rounds.py): wall-clock time to a target accuracy and the accuracy after a
 fixed wall-clock budget, for the three policies, in one run on the same fleet, data and seeds.
@@ -22,6 +23,7 @@ import logging
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -76,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="6 agents, short delays, 2 rounds: a smoke run for CI")
     parser.add_argument("--only", choices=("rounds", "weighting"), help="run part 1 (rounds) or part 2 (weighting) only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data split, the model and the selection")
+    parser.add_argument("--temperature", type=float, default=None, help="part 2: kl_temperature (default 1)")
+    parser.add_argument("--unbounded", action="store_true",
+                        help="part 2: claims uncapped, no delta clipped (the coordinator's default bounds off)")
     args = parser.parse_args(argv)
+    skew = SKEW_QUICK if args.quick else SKEW_FULL
+    skew = replace(skew, bounded=not args.unbounded,
+                   temperature=skew.temperature if args.temperature is None else args.temperature)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)  # many agents share two cores
     started = time.perf_counter()
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only != "weighting":
             verdicts += run_rounds(QUICK if args.quick else FULL, args.quick, args.seed, broker.url, Path(work))
         if args.only != "rounds":
-            verdicts += run_skew(SKEW_QUICK if args.quick else SKEW_FULL, args.seed, broker.url, Path(work))
+            verdicts += run_skew(skew, args.seed, broker.url, Path(work))
     print()
     for ok, text in verdicts:
         print(f"{'PASS' if ok else 'MISS'}  {text}")
@@ -115,7 +123,8 @@ def run_rounds(plan: FleetPlan, quick: bool, seed: int, broker_url: str, work: P
 
 def run_skew(skew: SkewPlan, seed: int, broker_url: str, work: Path) -> list[tuple[bool, str]]:
     print(f"\nweighting on Dirichlet({skew.alpha:g}), {skew.agents} agents, {skew.rounds} synchronous rounds, "
-          f"{skew.family}, T = {skew.temperature:g}, seed {seed}:")
+          f"{skew.family}, T = {skew.temperature:g}, seed {seed}, "
+          f"{'the default bounds on influence' if skew.bounded else 'bounds off (claims uncapped, nothing clipped)'}:")
     skew_rows = []
     for weighting in ("samples", "kl"):
         print(f"  running --weighting {weighting} ...", end="", flush=True)

@@ -39,6 +39,9 @@ class SkewPlan:
     batch_size: int = 16
     momentum: float = 0.0
     """Plain local SGD: on a split this skewed, momentum amplifies client drift (bench/accuracy.py's tuning)."""
+    bounded: bool = True
+    """The coordinator's default bounds on influence (claims cut to the round's median claim, deltas clipped to its
+    median norm); False: claims uncapped, nothing clipped (what the table measured before those defaults)."""
 
 
 @dataclass
@@ -72,7 +75,7 @@ def run_weighting(plan: SkewPlan, weighting: str, broker_url: str, workdir: Path
         local_epochs=plan.local_epochs, learning_rate=plan.learning_rate, momentum=plan.momentum, batch_size=plan.batch_size, seed=seed,
         init_seed=seed,
         round_deadline_s=600.0, quorum_fraction=1.0, evaluate_final=False, weighting=weighting,  # type: ignore[arg-type]
-        kl_temperature=plan.temperature,
+        kl_temperature=plan.temperature, **({} if plan.bounded else {"claim_cap_multiple": 0.0, "max_norm_ratio": 0.0}),
     )
     agents = [AgentSettings(
         federation=federation, broker_url=broker_url, device="cpu", agent_id=f"cpu-{i}",

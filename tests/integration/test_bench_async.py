@@ -27,3 +27,10 @@ def test_async_bench_quick_prints_the_policies_and_the_weighting() -> None:
     weighting = re.findall(r"^(samples|kl \(T=1\))\s+(\d+\.\d+)%\s+(\d\.\d+)\s+(\d+\.\d+)% \(#\d\)", out,
                            re.MULTILINE)
     assert [name for name, *_ in weighting] == ["samples", "kl (T=1)"], out  # with each row's worst class
+
+
+def test_async_bench_weighting_runs_without_the_default_bounds_at_another_temperature() -> None:
+    out = run_bench("async.py", "--quick", "--only", "weighting", "--unbounded", "--temperature", "2", timeout_s=900)
+    assert "T = 2, seed 0, bounds off (claims uncapped, nothing clipped):" in out, out
+    assert re.findall(r"^(samples|kl \(T=2\))\s+\d+\.\d+%", out, re.MULTILINE) == ["samples", "kl (T=2)"], out
+    assert "round policies" not in out  # part 2 alone
