@@ -104,6 +104,8 @@ class RoundEngine:
         m.rounds_planned.set(s.rounds)
         m.round_deadline.set(s.round_deadline_s)
         m.current_round.set(self.run.current_round)
+        if self.run.open is not None:  # a round resumed open keeps the rate it announced
+            m.round_learning_rate.set(self.run.open.announcement.training.learning_rate)
         m.run_finished.set(1 if self.run.finished else 0)
         m.progressed(self.parts.wall_clock())
         return self.parts.actions.drain()

@@ -100,6 +100,7 @@ def maybe_open(parts: EngineParts, run: RunState, now: float) -> bool:
     m = parts.metrics
     m.current_round.set(number)
     m.round_deadline.set(s.round_deadline_s)
+    m.round_learning_rate.set(announcement.training.learning_rate)
     m.agents_selected.inc(len(selected))
     m.round_quorum.set(run.open.quorum(s.quorum_fraction, s.min_updates))
     m.progressed(parts.wall_clock())

@@ -76,6 +76,8 @@ class CoordinatorMetrics:
                                         buckets=_ROUND_BUCKETS, registry=r)
         self.current_round = Gauge("fl_round_current", "Number of the round in progress or last closed", registry=r)
         self.round_deadline = Gauge("fl_round_deadline_seconds", "Deadline of the current round", registry=r)
+        self.round_learning_rate = Gauge("fl_round_learning_rate", "Local SGD learning rate the current round "
+                                         "announced (learning_rate_decay lowers it each round)", registry=r)
         self.round_agents = Gauge("fl_round_agents", "Agents in the last closed round, by state",
                                   ["state"], registry=r)
         self.agents_selected = Counter("fl_agents_selected_total", "Agents selected, summed over rounds", registry=r)

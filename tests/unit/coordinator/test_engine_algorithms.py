@@ -120,7 +120,7 @@ def test_local_steps_are_announced_to_every_agent(tmp_path: Path) -> None:
 
 
 def test_the_local_learning_rate_decays_once_a_round(tmp_path: Path) -> None:
-    engine, _, _ = make_engine(tmp_path, Clock(), learning_rate=0.08, learning_rate_decay=0.5)
+    engine, _, metrics = make_engine(tmp_path, Clock(), learning_rate=0.08, learning_rate_decay=0.5)
     hello(engine, "a", "f"), hello(engine, "b", "f")
     announced = []
     for round_number in (1, 2, 3):
@@ -128,6 +128,7 @@ def test_the_local_learning_rate_decays_once_a_round(tmp_path: Path) -> None:
         announcement = current(engine)
         assert announcement.round == round_number
         announced.append(announcement.training.learning_rate)
+        assert metrics.registry.get_sample_value("fl_round_learning_rate") == announced[-1]  # on the dashboard
         for agent_id in announcement.selected:
             payload = {"weights": weights(1.0)} if round_number == 1 else {"delta": weights(0.1)}
             send(engine, agent_id, "f", **payload)

@@ -73,6 +73,7 @@ def test_progress_gauges_follow_the_run(tmp_path: Path) -> None:
     clock.now += 5
     engine.tick()
     assert value("fl_round_current") == 1
+    assert value("fl_round_learning_rate") == 0.05  # the settings' learning_rate, no decay
     assert value("fl_round_quorum") == 1  # half of two agents
     assert value("fl_last_progress_timestamp_seconds") == clock.now
 
@@ -96,3 +97,16 @@ def test_a_restarted_coordinator_reports_where_it_resumed(tmp_path: Path) -> Non
     _, _, metrics = make_engine(tmp_path, clock)
     assert metrics.registry.get_sample_value("fl_round_current") == 1
     assert metrics.registry.get_sample_value("fl_run_finished") == 0
+
+
+def test_a_restarted_coordinator_reports_the_rate_of_the_round_it_resumed_open(tmp_path: Path) -> None:
+    clock = Clock()
+    engine, _, _ = make_engine(tmp_path, clock, learning_rate=0.08, learning_rate_decay=0.5)
+    hello(engine, "a"), hello(engine, "b")
+    engine.tick()
+    send(engine, update(engine, "a", 1)), send(engine, update(engine, "b", 1))
+    engine.tick()
+    engine.tick()
+    assert engine.open is not None and engine.open.number == 2
+    _, _, metrics = make_engine(tmp_path, clock, learning_rate=0.08, learning_rate_decay=0.5)
+    assert metrics.registry.get_sample_value("fl_round_learning_rate") == 0.04
