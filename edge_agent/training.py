@@ -98,7 +98,7 @@ def absent_class_factors(data: Dataset, scale: float, device: torch.device) -> t
     scaled down, they are pushed less, and the agent's update rewrites less of what the others taught the model."""
     if scale == 1.0 or not data.num_classes:
         return None
-    held = torch.bincount(torch.from_numpy(data.y), minlength=data.num_classes) > 0
+    held = torch.from_numpy(data.class_counts() > 0)
     return torch.where(held, 1.0, scale).to(device)
 
 

@@ -81,7 +81,7 @@ class LocalWorker:
         train = self.data.train
         if self.privacy is not None or not train.num_classes:
             return None
-        return np.bincount(train.y, minlength=train.num_classes).astype(np.int64, copy=False)
+        return train.class_counts()
 
     def refusal(self, announcement: RoundAnnouncement) -> str | None:
         """Why this agent cannot take part in ``announcement``'s rounds (task, version, an algorithm it

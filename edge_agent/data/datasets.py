@@ -40,6 +40,11 @@ class Dataset:
     def __len__(self) -> int:
         return len(self.y)
 
+    def class_counts(self) -> np.ndarray:
+        """Samples of each class, int64 [num_classes] (a task without classes: empty)."""
+        return np.bincount(self.y, minlength=self.num_classes).astype(np.int64, copy=False) if self.num_classes \
+            else np.zeros(0, dtype=np.int64)
+
     def subset(self, indices: np.ndarray, name: str | None = None) -> Dataset:
         return Dataset(self.x[indices], self.y[indices], self.num_classes, name or self.name)
 
